@@ -1,0 +1,66 @@
+"""Domain errors of the ledger. Each carries a stable ``code`` the API maps once."""
+
+
+class LedgerError(Exception):
+    """Base class: a business rule refused the operation; nothing was written."""
+
+    code = "ledger_error"
+
+    def __init__(self, message: str = "", **details: object) -> None:
+        super().__init__(message or self.__class__.__doc__ or self.code)
+        self.message = message or (self.__class__.__doc__ or self.code).strip()
+        self.details = details
+
+
+class InvalidAmount(LedgerError):
+    """Amounts are positive integers."""
+
+    code = "invalid_amount"
+
+
+class SameAccount(LedgerError):
+    """Source and destination accounts must differ."""
+
+    code = "same_account"
+
+
+class AccountNotFound(LedgerError):
+    """The account does not exist."""
+
+    code = "account_not_found"
+
+
+class AccountNotActive(LedgerError):
+    """The account is frozen or closed."""
+
+    code = "account_not_active"
+
+
+class InsufficientFunds(LedgerError):
+    """The account's available balance does not cover the amount."""
+
+    code = "insufficient_funds"
+
+
+class HoldNotActive(LedgerError):
+    """The hold is missing, already captured or already released."""
+
+    code = "hold_not_active"
+
+
+class HoldMismatch(LedgerError):
+    """The hold does not belong to this transfer's source account or amount."""
+
+    code = "hold_mismatch"
+
+
+class DuplicateReference(LedgerError):
+    """An entry with this reference is already posted."""
+
+    code = "duplicate_reference"
+
+
+class EntryAlreadyReversed(LedgerError):
+    """The entry has already been reversed."""
+
+    code = "entry_already_reversed"

@@ -1,0 +1,211 @@
+"""Double-entry ledger: accounts, holds, journal entries and postings.
+
+Invariants (DESIGN §3), enforced by PostgreSQL and checked by
+``manage.py reconcile_ledger``:
+
+1. the postings of every entry sum to zero; all balances sum to zero
+   (the issuance account included);
+2. ``account.balance`` is the sum of its postings, ``account.held`` the sum of
+   its active holds, and ``balance - held >= 0`` unless ``allow_negative``;
+3. a journal entry's ``reference`` is unique: the same payment can never post
+   twice, whatever the queue delivers.
+
+The CHECK constraints below are created on every backend; the zero-sum
+constraint trigger and the append-only triggers are PostgreSQL-only
+(``0002_ledger_triggers``).
+
+Money is integer units ("Robux") in ``BigIntegerField``; never floats.
+"""
+
+from django.conf import settings
+from django.db import models
+from django.db.models import F, Q
+from django.db.models.functions import Now
+
+
+class AccountStatus(models.TextChoices):
+    ACTIVE = "active", "Active"
+    FROZEN = "frozen", "Frozen"
+    CLOSED = "closed", "Closed"
+
+
+class Account(models.Model):
+    """A holder of funds.
+
+    ``balance`` is posted money, ``held`` the part reserved by active holds;
+    ``available = balance - held``. Both change only through
+    ``ledger.services`` under a row lock, and ``version`` is bumped each time.
+    """
+
+    ISSUANCE = "issuance"
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="accounts",
+        help_text="Empty for system accounts.",
+    )
+    name = models.CharField(max_length=100, blank=True)
+    system_code = models.CharField(
+        max_length=32,
+        unique=True,
+        null=True,
+        blank=True,
+        help_text="Set only on system accounts, e.g. 'issuance'.",
+    )
+    balance = models.BigIntegerField(default=0)
+    held = models.BigIntegerField(default=0)
+    version = models.BigIntegerField(default=0)
+    status = models.CharField(
+        max_length=16, choices=AccountStatus.choices, default=AccountStatus.ACTIVE
+    )
+    max_payment_amount = models.BigIntegerField(default=1_000_000)
+    allow_negative = models.BooleanField(default=False)
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+    updated_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(held__gte=0), name="ledger_account_held_nonnegative"
+            ),
+            models.CheckConstraint(
+                condition=Q(allow_negative=True) | Q(balance__gte=F("held")),
+                name="ledger_account_available_nonnegative",
+            ),
+            models.CheckConstraint(
+                condition=Q(allow_negative=False) | Q(system_code__isnull=False),
+                name="ledger_account_negative_only_system",
+            ),
+            models.CheckConstraint(
+                condition=Q(max_payment_amount__gte=1),
+                name="ledger_account_max_payment_positive",
+            ),
+            models.CheckConstraint(
+                condition=Q(status__in=AccountStatus.values), name="ledger_account_status_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        label = self.name or self.system_code or "account"
+        return f"#{self.pk} {label}"
+
+    @property
+    def available(self) -> int:
+        return self.balance - self.held
+
+
+class HoldStatus(models.TextChoices):
+    ACTIVE = "active", "Active"
+    CAPTURED = "captured", "Captured"
+    RELEASED = "released", "Released"
+
+
+class Hold(models.Model):
+    """Funds reserved on an account until captured by a transfer or released."""
+
+    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="holds")
+    amount = models.BigIntegerField()
+    status = models.CharField(max_length=16, choices=HoldStatus.choices, default=HoldStatus.ACTIVE)
+    reference = models.CharField(max_length=128, blank=True)
+    entry = models.ForeignKey(
+        "JournalEntry",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="captured_holds",
+        help_text="The entry that captured this hold.",
+    )
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(amount__gt=0), name="ledger_hold_amount_positive"),
+            models.CheckConstraint(
+                condition=Q(status__in=HoldStatus.values), name="ledger_hold_status_valid"
+            ),
+            models.CheckConstraint(
+                condition=~Q(status=HoldStatus.CAPTURED) | Q(entry__isnull=False),
+                name="ledger_hold_captured_has_entry",
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["account"],
+                condition=Q(status="active"),
+                name="ledger_hold_active_by_account",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"hold #{self.pk} {self.amount} on account {self.account_id} ({self.status})"
+
+
+class EntryKind(models.TextChoices):
+    DEPOSIT = "deposit", "Deposit (issuance)"
+    TRANSFER = "transfer", "Transfer"
+    ADJUSTMENT = "adjustment", "Staff adjustment"
+    REVERSAL = "reversal", "Reversal"
+
+
+class JournalEntry(models.Model):
+    """One movement of money: two or more postings summing to zero.
+
+    Entries are append-only; a mistake is corrected by a reversing entry.
+    ``reference`` is the idempotency fence: a payment posts with
+    ``payment:<id>`` and the UNIQUE constraint makes a second post impossible.
+    """
+
+    kind = models.CharField(max_length=16, choices=EntryKind.choices)
+    reference = models.CharField(max_length=128, unique=True, null=True, blank=True)
+    description = models.CharField(max_length=255, blank=True)
+    reverses = models.OneToOneField(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="reversed_by",
+    )
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="Staff user for adjustments; empty for system entries.",
+    )
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    class Meta:
+        verbose_name_plural = "journal entries"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(kind__in=EntryKind.values), name="ledger_entry_kind_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"entry #{self.pk} {self.kind} {self.reference or ''}".strip()
+
+
+class Posting(models.Model):
+    """One leg of an entry: a signed amount on one account and the balance after it."""
+
+    entry = models.ForeignKey(JournalEntry, on_delete=models.PROTECT, related_name="postings")
+    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="postings")
+    amount = models.BigIntegerField()
+    balance_after = models.BigIntegerField()
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=~Q(amount=0), name="ledger_posting_amount_nonzero"),
+        ]
+        indexes = [
+            models.Index(fields=["account", "id"], name="ledger_posting_statement"),
+        ]
+
+    def __str__(self) -> str:
+        return f"posting #{self.pk} {self.amount:+d} on account {self.account_id}"

@@ -1,0 +1,506 @@
+"""Write side of the ledger.
+
+Every movement of money goes through :class:`LedgerBatch`, a unit of work that
+
+1. locks the accounts it may touch in ascending primary-key order
+   (``SELECT … FOR UPDATE``), then the holds it may touch, so two batches can
+   never deadlock on each other;
+2. applies operations to the locked in-memory rows, validating each one first:
+   an operation either applies completely or raises :class:`LedgerError`
+   leaving the batch as it was, so one bad transfer does not spoil a batch;
+3. writes everything in :meth:`LedgerBatch.flush` with bulk statements: one
+   INSERT for entries, one for postings, one UPDATE per changed table.
+
+The single-operation services below (``transfer_post``, ``hold_place``, …)
+are one-operation batches, each in its own transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from .exceptions import (
+    AccountNotActive,
+    AccountNotFound,
+    DuplicateReference,
+    EntryAlreadyReversed,
+    HoldMismatch,
+    HoldNotActive,
+    InsufficientFunds,
+    InvalidAmount,
+    LedgerError,
+    SameAccount,
+)
+from .models import (
+    Account,
+    AccountStatus,
+    EntryKind,
+    Hold,
+    HoldStatus,
+    JournalEntry,
+    Posting,
+)
+
+
+def lock_accounts(account_ids: Iterable[int]) -> dict[int, Account]:
+    """Lock the given accounts in ascending id order and return them by id.
+
+    The one place account row locks are taken: a fixed global order means
+    concurrent batches wait for each other instead of deadlocking.
+    Caller must be inside ``transaction.atomic()``.
+    """
+    ids = sorted(set(account_ids))
+    return {a.pk: a for a in Account.objects.filter(pk__in=ids).order_by("pk").select_for_update()}
+
+
+@dataclass(frozen=True)
+class Leg:
+    account_id: int
+    amount: int
+
+
+class LedgerBatch:
+    """A unit of work over a set of locked accounts.
+
+    Caller must be inside ``transaction.atomic()``; the locks are held until it
+    commits. ``account_ids`` must include every account an operation will
+    touch (an account outside the set is reported as not found), and
+    ``hold_ids`` every hold that will be captured or released.
+    ``references`` may list entry references the caller will post, so that
+    duplicates are found with one query instead of one per entry.
+    """
+
+    def __init__(
+        self,
+        *,
+        account_ids: Iterable[int],
+        hold_ids: Iterable[int] = (),
+        references: Iterable[str] = (),
+    ) -> None:
+        self.accounts = lock_accounts(account_ids)
+        hold_ids = sorted(set(hold_ids))
+        self.holds: dict[int, Hold] = (
+            {h.pk: h for h in Hold.objects.filter(pk__in=hold_ids).order_by("pk").select_for_update()}
+            if hold_ids
+            else {}
+        )
+        references = list(references)
+        self._checked_references: set[str] = set(references)
+        self._taken_references: set[str] = (
+            set(
+                JournalEntry.objects.filter(reference__in=references).values_list(
+                    "reference", flat=True
+                )
+            )
+            if references
+            else set()
+        )
+        self._entries: list[JournalEntry] = []
+        self._postings: list[Posting] = []
+        self._new_holds: list[Hold] = []
+        self._changed_holds: dict[int, Hold] = {}
+        self._changed_accounts: set[int] = set()
+        self._now = timezone.now()
+
+    # -- lookups ---------------------------------------------------------
+    def account(self, account_id: int) -> Account:
+        try:
+            return self.accounts[account_id]
+        except KeyError:
+            raise AccountNotFound(f"Account {account_id} does not exist.", account_id=account_id)
+
+    def _hold(self, hold_id: int) -> Hold:
+        hold = self.holds.get(hold_id)
+        if hold is None or hold.status != HoldStatus.ACTIVE:
+            raise HoldNotActive(
+                f"Hold {hold_id} is not active.",
+                hold_id=hold_id,
+                status=hold.status if hold else None,
+            )
+        return hold
+
+    def _check_reference(self, reference: str | None) -> None:
+        if reference is None:
+            return
+        if reference not in self._checked_references:
+            self._checked_references.add(reference)
+            if JournalEntry.objects.filter(reference=reference).exists():
+                self._taken_references.add(reference)
+        if reference in self._taken_references:
+            raise DuplicateReference(
+                f"An entry with reference {reference!r} is already posted.", reference=reference
+            )
+
+    @staticmethod
+    def _check_usable(account: Account, *, allow_frozen: bool) -> None:
+        if account.status == AccountStatus.ACTIVE:
+            return
+        if allow_frozen and account.status == AccountStatus.FROZEN:
+            return
+        raise AccountNotActive(
+            f"Account {account.pk} is {account.status}.",
+            account_id=account.pk,
+            status=account.status,
+        )
+
+    def _touch(self, account: Account) -> None:
+        account.version += 1
+        account.updated_at = self._now
+        self._changed_accounts.add(account.pk)
+
+    # -- operations ------------------------------------------------------
+    def post_entry(
+        self,
+        *,
+        kind: str,
+        legs: Sequence[Leg],
+        reference: str | None = None,
+        description: str = "",
+        hold_id: int | None = None,
+        created_by: AbstractBaseUser | None = None,
+        reverses: JournalEntry | None = None,
+        allow_frozen: bool = False,
+    ) -> JournalEntry:
+        """Validate and apply one balanced entry; nothing changes if it raises.
+
+        With ``hold_id`` the entry captures that hold: the hold must be active,
+        on the one debited account, for exactly the debited amount; the funds it
+        reserved pay for the entry.
+        """
+        if len(legs) < 2 or any(leg.amount == 0 for leg in legs):
+            raise InvalidAmount("An entry needs two or more non-zero postings.")
+        if sum(leg.amount for leg in legs) != 0:
+            raise InvalidAmount("The postings of an entry must sum to zero.")
+        self._check_reference(reference)
+        net: dict[int, int] = {}
+        for leg in legs:
+            net[leg.account_id] = net.get(leg.account_id, 0) + leg.amount
+        accounts = {aid: self.account(aid) for aid in net}
+        for account in accounts.values():
+            self._check_usable(account, allow_frozen=allow_frozen)
+
+        hold = None
+        released_by_capture: dict[int, int] = {}
+        if hold_id is not None:
+            hold = self._hold(hold_id)
+            debits = [aid for aid, amount in net.items() if amount < 0]
+            if debits != [hold.account_id] or -net[hold.account_id] != hold.amount:
+                raise HoldMismatch(
+                    f"Hold {hold.pk} ({hold.amount} on account {hold.account_id}) "
+                    "does not match this entry.",
+                    hold_id=hold.pk,
+                )
+            released_by_capture[hold.account_id] = hold.amount
+
+        for aid, amount in net.items():
+            account = accounts[aid]
+            if amount >= 0 or account.allow_negative:
+                continue
+            available_after = account.available + released_by_capture.get(aid, 0) + amount
+            if available_after < 0:
+                raise InsufficientFunds(
+                    f"Account {aid} has {account.available} available; {-amount} needed.",
+                    account_id=aid,
+                    available=account.available,
+                    required=-amount,
+                )
+
+        # Validated: apply.
+        entry = JournalEntry(
+            kind=kind,
+            reference=reference,
+            description=description[:255],
+            created_by=created_by,
+            reverses=reverses,
+        )
+        self._entries.append(entry)
+        if reference is not None:
+            self._taken_references.add(reference)
+        for leg in legs:
+            account = accounts[leg.account_id]
+            account.balance += leg.amount
+            self._postings.append(
+                Posting(
+                    entry=entry,
+                    account_id=leg.account_id,
+                    amount=leg.amount,
+                    balance_after=account.balance,
+                )
+            )
+            self._touch(account)
+        if hold is not None:
+            accounts[hold.account_id].held -= hold.amount
+            hold.status = HoldStatus.CAPTURED
+            hold.entry = entry
+            hold.resolved_at = self._now
+            self._changed_holds[hold.pk] = hold
+        return entry
+
+    def transfer(
+        self,
+        *,
+        from_account_id: int,
+        to_account_id: int,
+        amount: int,
+        kind: str = EntryKind.TRANSFER,
+        reference: str | None = None,
+        description: str = "",
+        hold_id: int | None = None,
+    ) -> JournalEntry:
+        if from_account_id == to_account_id:
+            raise SameAccount("Source and destination accounts must differ.")
+        if not isinstance(amount, int) or isinstance(amount, bool) or amount < 1:
+            raise InvalidAmount("Amount must be a positive integer.", amount=amount)
+        return self.post_entry(
+            kind=kind,
+            legs=[Leg(from_account_id, -amount), Leg(to_account_id, amount)],
+            reference=reference,
+            description=description,
+            hold_id=hold_id,
+        )
+
+    def place_hold(self, *, account_id: int, amount: int, reference: str = "") -> Hold:
+        """Reserve ``amount`` of the account's available funds (saved on flush)."""
+        if not isinstance(amount, int) or isinstance(amount, bool) or amount < 1:
+            raise InvalidAmount("Amount must be a positive integer.", amount=amount)
+        account = self.account(account_id)
+        self._check_usable(account, allow_frozen=False)
+        if not account.allow_negative and account.available < amount:
+            raise InsufficientFunds(
+                f"Account {account_id} has {account.available} available; {amount} needed.",
+                account_id=account_id,
+                available=account.available,
+                required=amount,
+            )
+        account.held += amount
+        self._touch(account)
+        hold = Hold(account_id=account_id, amount=amount, reference=reference[:128])
+        self._new_holds.append(hold)
+        return hold
+
+    def release_hold(self, *, hold_id: int) -> Hold:
+        """Return a hold's funds to the account's available balance."""
+        hold = self._hold(hold_id)
+        account = self.account(hold.account_id)
+        account.held -= hold.amount
+        self._touch(account)
+        hold.status = HoldStatus.RELEASED
+        hold.resolved_at = self._now
+        self._changed_holds[hold.pk] = hold
+        return hold
+
+    def flush(self) -> None:
+        """Write all applied operations with bulk statements."""
+        if self._entries:
+            JournalEntry.objects.bulk_create(self._entries)
+        if self._postings:
+            Posting.objects.bulk_create(self._postings)
+        if self._new_holds:
+            Hold.objects.bulk_create(self._new_holds)
+        if self._changed_holds:
+            Hold.objects.bulk_update(
+                list(self._changed_holds.values()), ["status", "entry", "resolved_at"]
+            )
+        if self._changed_accounts:
+            Account.objects.bulk_update(
+                [self.accounts[aid] for aid in sorted(self._changed_accounts)],
+                ["balance", "held", "version", "updated_at"],
+            )
+        self._entries, self._postings, self._new_holds = [], [], []
+        self._changed_holds, self._changed_accounts = {}, set()
+
+
+def _unique_reference_violation(exc: IntegrityError) -> bool:
+    return "reference" in str(exc)
+
+
+# --- single-operation services ---------------------------------------------
+
+
+def issuance_account() -> Account:
+    """The system account money is issued from (may go negative)."""
+    account, _ = Account.objects.get_or_create(
+        system_code=Account.ISSUANCE,
+        defaults={"name": "Issuance", "allow_negative": True},
+    )
+    return account
+
+
+def account_create(
+    *,
+    owner: AbstractBaseUser | None,
+    name: str = "",
+    max_payment_amount: int | None = None,
+) -> Account:
+    fields: dict[str, object] = {"owner": owner, "name": name}
+    if max_payment_amount is not None:
+        fields["max_payment_amount"] = max_payment_amount
+    return Account.objects.create(**fields)
+
+
+def transfer_post(
+    *,
+    from_account_id: int,
+    to_account_id: int,
+    amount: int,
+    reference: str | None = None,
+    description: str = "",
+    hold_id: int | None = None,
+    kind: str = EntryKind.TRANSFER,
+) -> JournalEntry:
+    """Move ``amount`` between two accounts in one balanced entry.
+
+    With ``hold_id`` the transfer captures that hold (capture-with-transfer).
+    Raises :class:`DuplicateReference` if ``reference`` was posted before,
+    including by a concurrent transaction that committed first.
+    """
+    try:
+        with transaction.atomic():
+            batch = LedgerBatch(
+                account_ids=[from_account_id, to_account_id],
+                hold_ids=[hold_id] if hold_id else [],
+                references=[reference] if reference else [],
+            )
+            entry = batch.transfer(
+                from_account_id=from_account_id,
+                to_account_id=to_account_id,
+                amount=amount,
+                kind=kind,
+                reference=reference,
+                description=description,
+                hold_id=hold_id,
+            )
+            batch.flush()
+    except IntegrityError as exc:
+        if reference and _unique_reference_violation(exc):
+            raise DuplicateReference(
+                f"An entry with reference {reference!r} is already posted.", reference=reference
+            ) from exc
+        raise
+    return entry
+
+
+def deposit(
+    *, account_id: int, amount: int, reference: str | None = None, description: str = ""
+) -> JournalEntry:
+    """Issue new money into an account (debits the issuance account)."""
+    return transfer_post(
+        from_account_id=issuance_account().pk,
+        to_account_id=account_id,
+        amount=amount,
+        reference=reference,
+        description=description or "Deposit",
+        kind=EntryKind.DEPOSIT,
+    )
+
+
+def hold_place(*, account_id: int, amount: int, reference: str = "") -> Hold:
+    with transaction.atomic():
+        batch = LedgerBatch(account_ids=[account_id])
+        hold = batch.place_hold(account_id=account_id, amount=amount, reference=reference)
+        batch.flush()
+    return hold
+
+
+def hold_release(*, hold_id: int) -> Hold:
+    with transaction.atomic():
+        account_id = Hold.objects.filter(pk=hold_id).values_list("account_id", flat=True).first()
+        if account_id is None:
+            raise HoldNotActive(f"Hold {hold_id} does not exist.", hold_id=hold_id)
+        batch = LedgerBatch(account_ids=[account_id], hold_ids=[hold_id])
+        hold = batch.release_hold(hold_id=hold_id)
+        batch.flush()
+    return hold
+
+
+def hold_capture(
+    *, hold_id: int, to_account_id: int, reference: str | None = None, description: str = ""
+) -> JournalEntry:
+    """Transfer a hold's amount from its account to ``to_account_id``."""
+    hold = Hold.objects.filter(pk=hold_id).only("account_id", "amount").first()
+    if hold is None:
+        raise HoldNotActive(f"Hold {hold_id} does not exist.", hold_id=hold_id)
+    return transfer_post(
+        from_account_id=hold.account_id,
+        to_account_id=to_account_id,
+        amount=hold.amount,
+        reference=reference,
+        description=description,
+        hold_id=hold_id,
+    )
+
+
+def adjustment_post(
+    *, account_id: int, amount: int, description: str, staff_user: AbstractBaseUser
+) -> JournalEntry:
+    """A staff balance adjustment: a balanced entry against the issuance account.
+
+    Positive ``amount`` credits the account, negative debits it. Frozen accounts
+    may be adjusted (that is often why they are frozen); closed ones may not.
+    The caller checks the staff user's permission.
+    """
+    if not isinstance(amount, int) or isinstance(amount, bool) or amount == 0:
+        raise InvalidAmount("Adjustment amount must be a non-zero integer.", amount=amount)
+    if not description.strip():
+        raise InvalidAmount("An adjustment needs a reason.")
+    issuance_id = issuance_account().pk
+    with transaction.atomic():
+        batch = LedgerBatch(account_ids=[account_id, issuance_id])
+        entry = batch.post_entry(
+            kind=EntryKind.ADJUSTMENT,
+            legs=[Leg(issuance_id, -amount), Leg(account_id, amount)],
+            description=description,
+            created_by=staff_user,
+            allow_frozen=True,
+        )
+        batch.flush()
+    return entry
+
+
+def entry_reverse(
+    *, entry_id: int, description: str = "", staff_user: AbstractBaseUser | None = None
+) -> JournalEntry:
+    """Post an entry that exactly negates ``entry_id``; the original stays untouched."""
+    with transaction.atomic():
+        original = JournalEntry.objects.select_for_update().get(pk=entry_id)
+        if JournalEntry.objects.filter(reverses=original).exists():
+            raise EntryAlreadyReversed(f"Entry {entry_id} is already reversed.", entry_id=entry_id)
+        legs = [Leg(p.account_id, -p.amount) for p in original.postings.order_by("pk")]
+        batch = LedgerBatch(account_ids=[leg.account_id for leg in legs])
+        entry = batch.post_entry(
+            kind=EntryKind.REVERSAL,
+            legs=legs,
+            description=description or f"Reversal of entry {entry_id}",
+            created_by=staff_user,
+            reverses=original,
+            allow_frozen=True,
+        )
+        batch.flush()
+    return entry
+
+
+def account_set_status(*, account_id: int, status: str) -> Account:
+    """Freeze, unfreeze or close an account. Closing needs zero balance and no holds."""
+    if status not in AccountStatus.values:
+        raise LedgerError(f"Unknown account status {status!r}.")
+    with transaction.atomic():
+        account = lock_accounts([account_id]).get(account_id)
+        if account is None:
+            raise AccountNotFound(f"Account {account_id} does not exist.", account_id=account_id)
+        if account.status == AccountStatus.CLOSED and status != AccountStatus.CLOSED:
+            raise AccountNotActive(f"Account {account_id} is closed.", account_id=account_id)
+        if status == AccountStatus.CLOSED and (account.balance != 0 or account.held != 0):
+            raise LedgerError(
+                f"Account {account_id} must have zero balance and no holds to close.",
+                account_id=account_id,
+            )
+        account.status = status
+        account.version += 1
+        account.updated_at = timezone.now()
+        account.save(update_fields=["status", "version", "updated_at"])
+    return account

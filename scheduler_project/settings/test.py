@@ -1,0 +1,17 @@
+"""Settings for the test suite: PostgreSQL and Redis, as in production.
+
+``scripts/test`` exports ``DATABASE_URL`` and ``CELERY_BROKER_URL``; the
+defaults below point at the local services so a bare ``pytest`` does the same.
+"""
+
+import os
+
+os.environ.setdefault("SECRET_KEY", "test-only-secret-key")
+os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/scheduler")
+os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/9")
+os.environ.setdefault("LOG_FORMAT", "text")
+
+from .base import *  # noqa: E402, F403
+
+ALLOWED_HOSTS = ["*"]
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
