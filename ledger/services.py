@@ -85,7 +85,10 @@ class LedgerBatch:
         self.accounts = lock_accounts(account_ids)
         hold_ids = sorted(set(hold_ids))
         self.holds: dict[int, Hold] = (
-            {h.pk: h for h in Hold.objects.filter(pk__in=hold_ids).order_by("pk").select_for_update()}
+            {
+                h.pk: h
+                for h in Hold.objects.filter(pk__in=hold_ids).order_by("pk").select_for_update()
+            }
             if hold_ids
             else {}
         )
@@ -112,7 +115,9 @@ class LedgerBatch:
         try:
             return self.accounts[account_id]
         except KeyError:
-            raise AccountNotFound(f"Account {account_id} does not exist.", account_id=account_id)
+            raise AccountNotFound(
+                f"Account {account_id} does not exist.", account_id=account_id
+            ) from None
 
     def _hold(self, hold_id: int) -> Hold:
         hold = self.holds.get(hold_id)
@@ -168,6 +173,10 @@ class LedgerBatch:
     ) -> JournalEntry:
         """Validate and apply one balanced entry; nothing changes if it raises.
 
+        Checks run in a fixed order, so the first broken rule is the one
+        reported: shape and reference, accounts exist, hold, accounts usable,
+        funds.
+
         With ``hold_id`` the entry captures that hold: the hold must be active,
         on the one debited account, for exactly the debited amount; the funds it
         reserved pay for the entry.
@@ -181,8 +190,6 @@ class LedgerBatch:
         for leg in legs:
             net[leg.account_id] = net.get(leg.account_id, 0) + leg.amount
         accounts = {aid: self.account(aid) for aid in net}
-        for account in accounts.values():
-            self._check_usable(account, allow_frozen=allow_frozen)
 
         hold = None
         released_by_capture: dict[int, int] = {}
@@ -196,6 +203,9 @@ class LedgerBatch:
                     hold_id=hold.pk,
                 )
             released_by_capture[hold.account_id] = hold.amount
+
+        for account in accounts.values():
+            self._check_usable(account, allow_frozen=allow_frozen)
 
         for aid, amount in net.items():
             account = accounts[aid]

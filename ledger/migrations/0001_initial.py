@@ -7,7 +7,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
@@ -16,106 +15,284 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.CreateModel(
-            name='Account',
+            name="Account",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(blank=True, max_length=100)),
-                ('system_code', models.CharField(blank=True, help_text="Set only on system accounts, e.g. 'issuance'.", max_length=32, null=True, unique=True)),
-                ('balance', models.BigIntegerField(default=0)),
-                ('held', models.BigIntegerField(default=0)),
-                ('version', models.BigIntegerField(default=0)),
-                ('status', models.CharField(choices=[('active', 'Active'), ('frozen', 'Frozen'), ('closed', 'Closed')], default='active', max_length=16)),
-                ('max_payment_amount', models.BigIntegerField(default=1000000)),
-                ('allow_negative', models.BooleanField(default=False)),
-                ('created_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now(), editable=False)),
-                ('updated_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now(), editable=False)),
-                ('owner', models.ForeignKey(blank=True, help_text='Empty for system accounts.', null=True, on_delete=django.db.models.deletion.PROTECT, related_name='accounts', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(blank=True, max_length=100)),
+                (
+                    "system_code",
+                    models.CharField(
+                        blank=True,
+                        help_text="Set only on system accounts, e.g. 'issuance'.",
+                        max_length=32,
+                        null=True,
+                        unique=True,
+                    ),
+                ),
+                ("balance", models.BigIntegerField(default=0)),
+                ("held", models.BigIntegerField(default=0)),
+                ("version", models.BigIntegerField(default=0)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[("active", "Active"), ("frozen", "Frozen"), ("closed", "Closed")],
+                        default="active",
+                        max_length=16,
+                    ),
+                ),
+                ("max_payment_amount", models.BigIntegerField(default=1000000)),
+                ("allow_negative", models.BooleanField(default=False)),
+                (
+                    "created_at",
+                    models.DateTimeField(
+                        db_default=django.db.models.functions.datetime.Now(), editable=False
+                    ),
+                ),
+                (
+                    "updated_at",
+                    models.DateTimeField(
+                        db_default=django.db.models.functions.datetime.Now(), editable=False
+                    ),
+                ),
+                (
+                    "owner",
+                    models.ForeignKey(
+                        blank=True,
+                        help_text="Empty for system accounts.",
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="accounts",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='JournalEntry',
+            name="JournalEntry",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('kind', models.CharField(choices=[('deposit', 'Deposit (issuance)'), ('transfer', 'Transfer'), ('adjustment', 'Staff adjustment'), ('reversal', 'Reversal')], max_length=16)),
-                ('reference', models.CharField(blank=True, max_length=128, null=True, unique=True)),
-                ('description', models.CharField(blank=True, max_length=255)),
-                ('created_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now(), editable=False)),
-                ('created_by', models.ForeignKey(blank=True, help_text='Staff user for adjustments; empty for system entries.', null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('reverses', models.OneToOneField(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='reversed_by', to='ledger.journalentry')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[
+                            ("deposit", "Deposit (issuance)"),
+                            ("transfer", "Transfer"),
+                            ("adjustment", "Staff adjustment"),
+                            ("reversal", "Reversal"),
+                        ],
+                        max_length=16,
+                    ),
+                ),
+                ("reference", models.CharField(blank=True, max_length=128, null=True, unique=True)),
+                ("description", models.CharField(blank=True, max_length=255)),
+                (
+                    "created_at",
+                    models.DateTimeField(
+                        db_default=django.db.models.functions.datetime.Now(), editable=False
+                    ),
+                ),
+                (
+                    "created_by",
+                    models.ForeignKey(
+                        blank=True,
+                        help_text="Staff user for adjustments; empty for system entries.",
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "reverses",
+                    models.OneToOneField(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="reversed_by",
+                        to="ledger.journalentry",
+                    ),
+                ),
             ],
             options={
-                'verbose_name_plural': 'journal entries',
+                "verbose_name_plural": "journal entries",
             },
         ),
         migrations.CreateModel(
-            name='Hold',
+            name="Hold",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('amount', models.BigIntegerField()),
-                ('status', models.CharField(choices=[('active', 'Active'), ('captured', 'Captured'), ('released', 'Released')], default='active', max_length=16)),
-                ('reference', models.CharField(blank=True, max_length=128)),
-                ('created_at', models.DateTimeField(db_default=django.db.models.functions.datetime.Now(), editable=False)),
-                ('resolved_at', models.DateTimeField(blank=True, null=True)),
-                ('account', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='holds', to='ledger.account')),
-                ('entry', models.ForeignKey(blank=True, help_text='The entry that captured this hold.', null=True, on_delete=django.db.models.deletion.PROTECT, related_name='captured_holds', to='ledger.journalentry')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("amount", models.BigIntegerField()),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("active", "Active"),
+                            ("captured", "Captured"),
+                            ("released", "Released"),
+                        ],
+                        default="active",
+                        max_length=16,
+                    ),
+                ),
+                ("reference", models.CharField(blank=True, max_length=128)),
+                (
+                    "created_at",
+                    models.DateTimeField(
+                        db_default=django.db.models.functions.datetime.Now(), editable=False
+                    ),
+                ),
+                ("resolved_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "account",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="holds",
+                        to="ledger.account",
+                    ),
+                ),
+                (
+                    "entry",
+                    models.ForeignKey(
+                        blank=True,
+                        help_text="The entry that captured this hold.",
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="captured_holds",
+                        to="ledger.journalentry",
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='Posting',
+            name="Posting",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('amount', models.BigIntegerField()),
-                ('balance_after', models.BigIntegerField()),
-                ('account', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='postings', to='ledger.account')),
-                ('entry', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='postings', to='ledger.journalentry')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("amount", models.BigIntegerField()),
+                ("balance_after", models.BigIntegerField()),
+                (
+                    "account",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="postings",
+                        to="ledger.account",
+                    ),
+                ),
+                (
+                    "entry",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="postings",
+                        to="ledger.journalentry",
+                    ),
+                ),
             ],
         ),
         migrations.AddConstraint(
-            model_name='account',
-            constraint=models.CheckConstraint(condition=models.Q(('held__gte', 0)), name='ledger_account_held_nonnegative'),
+            model_name="account",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("held__gte", 0)), name="ledger_account_held_nonnegative"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='account',
-            constraint=models.CheckConstraint(condition=models.Q(('allow_negative', True), ('balance__gte', models.F('held')), _connector='OR'), name='ledger_account_available_nonnegative'),
+            model_name="account",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("allow_negative", True), ("balance__gte", models.F("held")), _connector="OR"
+                ),
+                name="ledger_account_available_nonnegative",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='account',
-            constraint=models.CheckConstraint(condition=models.Q(('allow_negative', False), ('system_code__isnull', False), _connector='OR'), name='ledger_account_negative_only_system'),
+            model_name="account",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("allow_negative", False), ("system_code__isnull", False), _connector="OR"
+                ),
+                name="ledger_account_negative_only_system",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='account',
-            constraint=models.CheckConstraint(condition=models.Q(('max_payment_amount__gte', 1)), name='ledger_account_max_payment_positive'),
+            model_name="account",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("max_payment_amount__gte", 1)),
+                name="ledger_account_max_payment_positive",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='account',
-            constraint=models.CheckConstraint(condition=models.Q(('status__in', ['active', 'frozen', 'closed'])), name='ledger_account_status_valid'),
+            model_name="account",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("status__in", ["active", "frozen", "closed"])),
+                name="ledger_account_status_valid",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='journalentry',
-            constraint=models.CheckConstraint(condition=models.Q(('kind__in', ['deposit', 'transfer', 'adjustment', 'reversal'])), name='ledger_entry_kind_valid'),
+            model_name="journalentry",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("kind__in", ["deposit", "transfer", "adjustment", "reversal"])),
+                name="ledger_entry_kind_valid",
+            ),
         ),
         migrations.AddIndex(
-            model_name='hold',
-            index=models.Index(condition=models.Q(('status', 'active')), fields=['account'], name='ledger_hold_active_by_account'),
+            model_name="hold",
+            index=models.Index(
+                condition=models.Q(("status", "active")),
+                fields=["account"],
+                name="ledger_hold_active_by_account",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='hold',
-            constraint=models.CheckConstraint(condition=models.Q(('amount__gt', 0)), name='ledger_hold_amount_positive'),
+            model_name="hold",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("amount__gt", 0)), name="ledger_hold_amount_positive"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='hold',
-            constraint=models.CheckConstraint(condition=models.Q(('status__in', ['active', 'captured', 'released'])), name='ledger_hold_status_valid'),
+            model_name="hold",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("status__in", ["active", "captured", "released"])),
+                name="ledger_hold_status_valid",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='hold',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('status', 'captured'), _negated=True), ('entry__isnull', False), _connector='OR'), name='ledger_hold_captured_has_entry'),
+            model_name="hold",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    models.Q(("status", "captured"), _negated=True),
+                    ("entry__isnull", False),
+                    _connector="OR",
+                ),
+                name="ledger_hold_captured_has_entry",
+            ),
         ),
         migrations.AddIndex(
-            model_name='posting',
-            index=models.Index(fields=['account', 'id'], name='ledger_posting_statement'),
+            model_name="posting",
+            index=models.Index(fields=["account", "id"], name="ledger_posting_statement"),
         ),
         migrations.AddConstraint(
-            model_name='posting',
-            constraint=models.CheckConstraint(condition=models.Q(('amount', 0), _negated=True), name='ledger_posting_amount_nonzero'),
+            model_name="posting",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("amount", 0), _negated=True),
+                name="ledger_posting_amount_nonzero",
+            ),
         ),
     ]

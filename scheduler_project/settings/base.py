@@ -114,7 +114,7 @@ STATIC_ROOT = VAR_DIR / "static"
 
 # --- Celery ---------------------------------------------------------------
 _filesystem_broker = VAR_DIR / "broker"
-CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="filesystem://")
+CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="filesystem://localhost//")
 if CELERY_BROKER_URL.startswith("filesystem://"):
     for sub in ("data", "processed", "control"):
         (_filesystem_broker / sub).mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/schedu
 os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/9")
 os.environ.setdefault("LOG_FORMAT", "text")
 
-from .base import *  # noqa: E402, F403
+from .base import *  # noqa: F403
 
 ALLOWED_HOSTS = ["*"]
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

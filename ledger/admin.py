@@ -1,0 +1,131 @@
+"""Admin for the ledger: money is visible, never editable.
+
+Balances, holds, entries and postings change only through ``ledger.services``
+(balanced entries under row locks); the admin shows them read-only. Freezing
+and unfreezing go through ``account_set_status``.
+"""
+
+from django.contrib import admin, messages
+from django.utils.html import format_html_join
+
+from . import selectors, services
+from .exceptions import LedgerError
+from .models import Account, Hold, JournalEntry, Posting
+
+STATEMENT_ROWS = 50
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """View-only: rows are created by services, never by hand."""
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Account)
+class AccountAdmin(admin.ModelAdmin):
+    list_display = (
+        "id",
+        "name",
+        "owner",
+        "system_code",
+        "balance",
+        "held",
+        "available",
+        "status",
+        "updated_at",
+    )
+    list_filter = ("status", "allow_negative")
+    search_fields = ("=id", "name", "owner__username", "owner__email", "system_code")
+    list_select_related = ("owner",)
+    readonly_fields = (
+        "balance",
+        "held",
+        "available",
+        "version",
+        "status",
+        "allow_negative",
+        "system_code",
+        "created_at",
+        "updated_at",
+        "statement",
+    )
+    fields = (
+        "owner",
+        "name",
+        "max_payment_amount",
+        *readonly_fields,
+    )
+    raw_id_fields = ("owner",)
+    actions = ("freeze", "unfreeze")
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description=f"Statement (latest {STATEMENT_ROWS} postings)")
+    def statement(self, obj):
+        if obj.pk is None:
+            return "-"
+        rows = selectors.account_statement(account_id=obj.pk, limit=STATEMENT_ROWS)
+        if not rows:
+            return "No postings."
+        return format_html_join(
+            "\n",
+            "<div>#{} {} {} {:+d} → {}</div>",
+            ((p.pk, p.entry.created_at, p.entry.kind, p.amount, p.balance_after) for p in rows),
+        )
+
+    def _set_status(self, request, queryset, status):
+        done = 0
+        for account_id in queryset.values_list("pk", flat=True):
+            try:
+                services.account_set_status(account_id=account_id, status=status)
+                done += 1
+            except LedgerError as exc:
+                self.message_user(request, str(exc), messages.ERROR)
+        self.message_user(request, f"{done} account(s) set to {status}.")
+
+    @admin.action(description="Freeze selected accounts", permissions=["change"])
+    def freeze(self, request, queryset):
+        self._set_status(request, queryset, "frozen")
+
+    @admin.action(description="Unfreeze selected accounts", permissions=["change"])
+    def unfreeze(self, request, queryset):
+        self._set_status(request, queryset, "active")
+
+
+@admin.register(Hold)
+class HoldAdmin(ReadOnlyAdmin):
+    list_display = ("id", "account", "amount", "status", "reference", "created_at", "resolved_at")
+    list_filter = ("status",)
+    search_fields = ("=id", "=account__id", "reference")
+    list_select_related = ("account",)
+
+
+class PostingInline(admin.TabularInline):
+    model = Posting
+    fields = ("account", "amount", "balance_after")
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(JournalEntry)
+class JournalEntryAdmin(ReadOnlyAdmin):
+    list_display = ("id", "kind", "reference", "description", "created_by", "created_at")
+    list_filter = ("kind",)
+    search_fields = ("=id", "reference", "description")
+    date_hierarchy = "created_at"
+    inlines = (PostingInline,)

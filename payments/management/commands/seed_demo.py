@@ -1,0 +1,57 @@
+"""``manage.py seed_demo``: a demo login and funded accounts for a local run.
+
+Idempotent: running it again changes nothing and prints the same directions.
+It refuses to create the well-known demo password outside DEBUG unless
+``--password`` is given.
+"""
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError
+from django.db import transaction
+
+from ledger import services as ledger
+from ledger.models import Account
+
+DEMO_ACCOUNTS = (("Demo checking", 100_000), ("Demo savings", 50_000))
+
+
+class Command(BaseCommand):
+    help = "Create the demo superuser and funded demo accounts; print how to log in."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--username", default="demo")
+        parser.add_argument("--password", default=None, help="Default 'demo' (DEBUG only).")
+        parser.add_argument("--base-url", default="http://127.0.0.1:8000")
+
+    def handle(self, *args, **options):
+        username = options["username"]
+        password = options["password"]
+        if password is None:
+            if not settings.DEBUG:
+                raise CommandError("Pass --password: the default demo password is DEBUG-only.")
+            password = "demo"  # noqa: S105 - documented local-only demo login
+        user_model = get_user_model()
+        with transaction.atomic():
+            user, created = user_model.objects.get_or_create(
+                username=username, defaults={"is_staff": True, "is_superuser": True}
+            )
+            if created:
+                user.set_password(password)
+                user.save(update_fields=["password"])
+        ledger.issuance_account()
+        for name, amount in DEMO_ACCOUNTS:
+            account = Account.objects.filter(owner=user, name=name).first()
+            if account is None:
+                account = ledger.account_create(owner=user, name=name)
+                ledger.deposit(
+                    account_id=account.pk,
+                    amount=amount,
+                    reference=f"seed_demo:{account.pk}",
+                    description="Demo funds",
+                )
+        accounts = Account.objects.filter(owner=user).order_by("pk")
+        base = options["base_url"].rstrip("/")
+        self.stdout.write(f"Admin:    {base}/admin/   (login {username} / {password})")
+        for account in accounts:
+            self.stdout.write(f"Account:  #{account.pk} {account.name}: balance {account.balance}")

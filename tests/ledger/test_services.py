@@ -1,0 +1,145 @@
+import pytest
+
+from ledger import services as ledger
+from ledger.exceptions import (
+    AccountNotActive,
+    DuplicateReference,
+    EntryAlreadyReversed,
+    HoldMismatch,
+    HoldNotActive,
+    InsufficientFunds,
+    InvalidAmount,
+    SameAccount,
+)
+from ledger.models import Account, HoldStatus, JournalEntry, Posting
+from tests.factories import AccountFactory, UserFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def balances(*accounts):
+    return [Account.objects.get(pk=a.pk).balance for a in accounts]
+
+
+def test_deposit_debits_issuance_and_credits_account():
+    account = AccountFactory()
+    entry = ledger.deposit(account_id=account.pk, amount=500)
+    issuance = ledger.issuance_account()
+    assert balances(account, issuance) == [500, -500]
+    assert sorted(entry.postings.values_list("amount", flat=True)) == [-500, 500]
+    assert Posting.objects.get(entry=entry, account=account).balance_after == 500
+
+
+def test_transfer_moves_money_and_records_balance_after():
+    a, b = AccountFactory(funded=1_000), AccountFactory(funded=10)
+    ledger.transfer_post(from_account_id=a.pk, to_account_id=b.pk, amount=300)
+    assert balances(a, b) == [700, 310]
+    after = dict(
+        Posting.objects.filter(account__in=[a, b])
+        .order_by("-pk")[:2]
+        .values_list("account_id", "balance_after")
+    )
+    assert after == {a.pk: 700, b.pk: 310}
+
+
+def test_insufficient_funds_writes_nothing():
+    a, b = AccountFactory(funded=100), AccountFactory()
+    entries = JournalEntry.objects.count()
+    with pytest.raises(InsufficientFunds) as exc:
+        ledger.transfer_post(from_account_id=a.pk, to_account_id=b.pk, amount=101)
+    assert exc.value.code == "insufficient_funds"
+    assert exc.value.details == {"account_id": a.pk, "available": 100, "required": 101}
+    assert JournalEntry.objects.count() == entries
+    assert balances(a, b) == [100, 0]
+
+
+@pytest.mark.parametrize("amount", [0, -5, 1.5, True, "10"])
+def test_invalid_amounts_rejected(amount):
+    a, b = AccountFactory(funded=100), AccountFactory()
+    with pytest.raises(InvalidAmount):
+        ledger.transfer_post(from_account_id=a.pk, to_account_id=b.pk, amount=amount)
+
+
+def test_same_account_rejected():
+    a = AccountFactory(funded=100)
+    with pytest.raises(SameAccount):
+        ledger.transfer_post(from_account_id=a.pk, to_account_id=a.pk, amount=1)
+
+
+def test_hold_reserves_available_funds():
+    a, b = AccountFactory(funded=100), AccountFactory()
+    hold = ledger.hold_place(account_id=a.pk, amount=80)
+    a.refresh_from_db()
+    assert (a.balance, a.held, a.available) == (100, 80, 20)
+    with pytest.raises(InsufficientFunds):
+        ledger.transfer_post(from_account_id=a.pk, to_account_id=b.pk, amount=21)
+    with pytest.raises(InsufficientFunds):
+        ledger.hold_place(account_id=a.pk, amount=21)
+    ledger.hold_release(hold_id=hold.pk)
+    a.refresh_from_db()
+    assert (a.balance, a.held) == (100, 0)
+    hold.refresh_from_db()
+    assert hold.status == HoldStatus.RELEASED
+    with pytest.raises(HoldNotActive):
+        ledger.hold_release(hold_id=hold.pk)
+
+
+def test_hold_capture_transfers_reserved_funds_once():
+    a, b = AccountFactory(funded=100), AccountFactory()
+    hold = ledger.hold_place(account_id=a.pk, amount=100)
+    entry = ledger.hold_capture(hold_id=hold.pk, to_account_id=b.pk, reference="payment:1")
+    a.refresh_from_db()
+    hold.refresh_from_db()
+    assert (a.balance, a.held) == (0, 0)
+    assert balances(b) == [100]
+    assert hold.status == HoldStatus.CAPTURED and hold.entry_id == entry.pk
+    with pytest.raises(HoldNotActive):
+        ledger.hold_capture(hold_id=hold.pk, to_account_id=b.pk, reference="payment:2")
+
+
+def test_hold_capture_must_match_amount_and_account():
+    a, b = AccountFactory(funded=100), AccountFactory(funded=100)
+    hold = ledger.hold_place(account_id=a.pk, amount=50)
+    with pytest.raises(HoldMismatch):
+        ledger.transfer_post(from_account_id=a.pk, to_account_id=b.pk, amount=40, hold_id=hold.pk)
+    with pytest.raises(HoldMismatch):
+        ledger.transfer_post(from_account_id=b.pk, to_account_id=a.pk, amount=50, hold_id=hold.pk)
+
+
+def test_duplicate_reference_rejected():
+    a, b = AccountFactory(funded=100), AccountFactory()
+    ledger.transfer_post(from_account_id=a.pk, to_account_id=b.pk, amount=1, reference="payment:x")
+    with pytest.raises(DuplicateReference):
+        ledger.transfer_post(
+            from_account_id=a.pk, to_account_id=b.pk, amount=1, reference="payment:x"
+        )
+    assert balances(a, b) == [99, 1]
+
+
+def test_frozen_account_cannot_pay_or_receive_but_can_be_adjusted():
+    a, b = AccountFactory(funded=100), AccountFactory()
+    ledger.account_set_status(account_id=b.pk, status="frozen")
+    with pytest.raises(AccountNotActive):
+        ledger.transfer_post(from_account_id=a.pk, to_account_id=b.pk, amount=1)
+    staff = UserFactory(is_staff=True)
+    entry = ledger.adjustment_post(
+        account_id=b.pk, amount=7, description="goodwill", staff_user=staff
+    )
+    assert entry.created_by == staff
+    assert balances(b) == [7]
+
+
+def test_reversal_negates_entry_once():
+    a, b = AccountFactory(funded=100), AccountFactory()
+    entry = ledger.transfer_post(from_account_id=a.pk, to_account_id=b.pk, amount=30)
+    reversal = ledger.entry_reverse(entry_id=entry.pk)
+    assert reversal.reverses_id == entry.pk
+    assert balances(a, b) == [100, 0]
+    with pytest.raises(EntryAlreadyReversed):
+        ledger.entry_reverse(entry_id=entry.pk)
+
+
+def test_close_needs_zero_balance():
+    a = AccountFactory(funded=1)
+    with pytest.raises(ledger.LedgerError):
+        ledger.account_set_status(account_id=a.pk, status="closed")
