@@ -77,8 +77,11 @@ class AccountAdmin(admin.ModelAdmin):
             return "No postings."
         return format_html_join(
             "\n",
-            "<div>#{} {} {} {:+d} → {}</div>",
-            ((p.pk, p.entry.created_at, p.entry.kind, p.amount, p.balance_after) for p in rows),
+            "<div>#{} {} {} {} → {}</div>",
+            (
+                (p.pk, p.entry.created_at, p.entry.kind, f"{p.amount:+d}", p.balance_after)
+                for p in rows
+            ),
         )
 
     def _set_status(self, request, queryset, status):

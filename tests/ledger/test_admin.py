@@ -1,0 +1,50 @@
+import pytest
+from django.urls import reverse
+
+from ledger import services as ledger
+from ledger.models import Account
+from tests.factories import AccountFactory, UserFactory
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def admin_client(client):
+    client.force_login(UserFactory(is_staff=True, is_superuser=True))
+    return client
+
+
+def test_pages_render_and_money_is_read_only(admin_client):
+    a, b = AccountFactory(funded=500), AccountFactory()
+    entry = ledger.transfer_post(from_account_id=a.pk, to_account_id=b.pk, amount=200)
+    hold = ledger.hold_place(account_id=a.pk, amount=50)
+    for name in ("account", "hold", "journalentry"):
+        assert admin_client.get(reverse(f"admin:ledger_{name}_changelist")).status_code == 200
+    page = admin_client.get(reverse("admin:ledger_account_change", args=[a.pk]))
+    assert page.status_code == 200
+    form_fields = page.context["adminform"].form.fields
+    assert "balance" not in form_fields and "held" not in form_fields
+    assert "-200 → 300" in page.content.decode()  # the statement
+    for name, pk in (("hold", hold.pk), ("journalentry", entry.pk)):
+        page = admin_client.get(reverse(f"admin:ledger_{name}_change", args=[pk]))
+        assert page.status_code == 200
+        assert not page.context["has_change_permission"]
+
+
+def test_posting_to_change_form_cannot_alter_balance(admin_client):
+    a = AccountFactory(funded=500)
+    url = reverse("admin:ledger_account_change", args=[a.pk])
+    admin_client.post(
+        url, {"owner": a.owner_id, "name": "renamed", "max_payment_amount": 10, "balance": 9_999}
+    )
+    a.refresh_from_db()
+    assert (a.name, a.balance) == ("renamed", 500)
+
+
+def test_freeze_action_goes_through_the_service(admin_client):
+    a = AccountFactory()
+    admin_client.post(
+        reverse("admin:ledger_account_changelist"),
+        {"action": "freeze", "_selected_action": [a.pk]},
+    )
+    assert Account.objects.get(pk=a.pk).status == "frozen"
