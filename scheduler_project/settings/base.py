@@ -38,6 +38,9 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
     "django_celery_beat",
     "ledger",
     "payments",
@@ -111,6 +114,51 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
+
+# --- Cache (API throttling) ---------------------------------------------
+# Throttle counters must be shared by every web process: set CACHE_URL to
+# Redis in production (e.g. redis://127.0.0.1:6379/1). The default keeps them
+# per process, which is enough for one local server.
+CACHES = {"default": env.cache("CACHE_URL", default="locmemcache://")}
+
+# --- API ------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["payments.api.auth.BearerTokenAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_THROTTLE_CLASSES": ["payments.api.auth.ClientRateThrottle"],
+    "DEFAULT_THROTTLE_RATES": {"client": env.str("API_THROTTLE_RATE", default="100/s")},
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "EXCEPTION_HANDLER": "payments.api.errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Delayed payment scheduler API",
+    "DESCRIPTION": (
+        "Schedule payments to run after a delay or at an instant; exactly once, "
+        'with a double-entry ledger. Errors: {"error": {"code", "message", "details"}}.'
+    ),
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
+    "SERVE_AUTHENTICATION": [],
+    # Swagger UI served from the sidecar package: the docs page needs no internet.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "SECURITY": [{"bearerAuth": []}],
+    "APPEND_COMPONENTS": {"securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer"}}},
+}
+
+# --- Payments -------------------------------------------------------------
+PAYMENT_PARTITIONS = env.int("PAYMENT_PARTITIONS", default=16)
+PAYMENT_MIN_DELAY_SECONDS = env.int("PAYMENT_MIN_DELAY_SECONDS", default=1)
+PAYMENT_MAX_DELAY_SECONDS = env.int("PAYMENT_MAX_DELAY_SECONDS", default=365 * 24 * 3600)
+IDEMPOTENCY_TTL_SECONDS = env.int("IDEMPOTENCY_TTL_SECONDS", default=24 * 3600)
+# An IN_FLIGHT key older than this belongs to a request whose process died.
+IDEMPOTENCY_IN_FLIGHT_TIMEOUT = env.int("IDEMPOTENCY_IN_FLIGHT_TIMEOUT", default=60)
 
 # --- Celery ---------------------------------------------------------------
 _filesystem_broker = VAR_DIR / "broker"

@@ -12,6 +12,8 @@ from django.db import transaction
 
 from ledger import services as ledger
 from ledger.models import Account
+from payments.api.auth import api_token_create
+from payments.models import ApiToken
 
 DEMO_ACCOUNTS = (("Demo checking", 100_000), ("Demo savings", 50_000))
 
@@ -50,8 +52,22 @@ class Command(BaseCommand):
                     reference=f"seed_demo:{account.pk}",
                     description="Demo funds",
                 )
-        accounts = Account.objects.filter(owner=user).order_by("pk")
+        # Tokens are stored hashed, so each run issues a fresh demo token.
+        ApiToken.objects.filter(user=user, name="seed_demo").delete()
+        _, token = api_token_create(user=user, name="seed_demo")
+        accounts = list(Account.objects.filter(owner=user).order_by("pk"))
         base = options["base_url"].rstrip("/")
         self.stdout.write(f"Admin:    {base}/admin/   (login {username} / {password})")
+        self.stdout.write(f"API docs: {base}/api/docs/")
         for account in accounts:
             self.stdout.write(f"Account:  #{account.pk} {account.name}: balance {account.balance}")
+        self.stdout.write(f"Token:    {token}")
+        self.stdout.write("Try:")
+        self.stdout.write(f"  export TOKEN={token}")
+        self.stdout.write(
+            f"  curl -s -X POST {base}/api/v1/payments/schedule"
+            ' -H "Authorization: Bearer $TOKEN" -H "Content-Type: application/json"'
+            f""" -d '{{"from_account_id": {accounts[0].pk}, "to_account_id": {accounts[1].pk},"""
+            """ "amount": 250, "delay_seconds": 10}'"""
+        )
+        self.stdout.write(f'  curl -s {base}/api/v1/payments -H "Authorization: Bearer $TOKEN"')

@@ -1,0 +1,215 @@
+"""Input serializers parse and type-check; output serializers render. No business rules here."""
+
+from __future__ import annotations
+
+import json
+
+from django.utils.dateparse import parse_datetime
+from rest_framework import serializers
+
+from ..models import PaymentStatus
+
+METADATA_MAX_BYTES = 4096
+
+
+class StrictIntegerField(serializers.IntegerField):
+    """A JSON integer: no strings, floats or booleans (money is never a float)."""
+
+    default_error_messages = {"invalid": "A JSON integer is required."}
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class AwareDateTimeField(serializers.DateTimeField):
+    """ISO-8601 with a UTC offset; a naive time would be ambiguous."""
+
+    default_error_messages = {
+        "naive": "Include a UTC offset, e.g. 2030-01-01T09:00:00Z.",
+        "invalid": "An ISO-8601 date-time with a UTC offset is required.",
+    }
+
+    def to_internal_value(self, value):
+        if not isinstance(value, str):
+            self.fail("invalid")
+        try:
+            parsed = parse_datetime(value)
+        except ValueError:
+            parsed = None
+        if parsed is None:
+            self.fail("invalid")
+        if parsed.tzinfo is None:
+            self.fail("naive")
+        return parsed
+
+
+class StrictSerializer(serializers.Serializer):
+    """Rejects unknown fields, so a typo ('delay_second') is not silently ignored."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, dict):
+            raise serializers.ValidationError(
+                {"non_field_errors": ["Expected a JSON object."]}, code="invalid"
+            )
+        unknown = sorted(set(data) - set(self.fields))
+        if unknown:
+            raise serializers.ValidationError({name: ["Unknown field."] for name in unknown})
+        return super().to_internal_value(data)
+
+
+def _validate_metadata(value):
+    if len(json.dumps(value)) > METADATA_MAX_BYTES:
+        raise serializers.ValidationError(f"At most {METADATA_MAX_BYTES} bytes of JSON.")
+    return value
+
+
+class ScheduleInput(StrictSerializer):
+    from_account_id = StrictIntegerField(min_value=1, max_value=2**63 - 1)
+    to_account_id = StrictIntegerField(min_value=1, max_value=2**63 - 1)
+    amount = StrictIntegerField(min_value=1, max_value=2**63 - 1)
+    delay_seconds = StrictIntegerField(required=False, min_value=0, max_value=2**31)
+    scheduled_time = AwareDateTimeField(required=False)
+    description = serializers.CharField(
+        required=False, allow_blank=True, max_length=255, default=""
+    )
+    metadata = serializers.DictField(required=False, default=dict, validators=[_validate_metadata])
+
+    def validate(self, attrs):
+        if ("delay_seconds" in attrs) == ("scheduled_time" in attrs):
+            raise serializers.ValidationError(
+                {"delay_seconds": ["Give exactly one of delay_seconds or scheduled_time."]}
+            )
+        return attrs
+
+
+class UpdateInput(StrictSerializer):
+    delay_seconds = StrictIntegerField(required=False, min_value=0, max_value=2**31)
+    scheduled_time = AwareDateTimeField(required=False)
+    amount = StrictIntegerField(required=False, min_value=1, max_value=2**63 - 1)
+    description = serializers.CharField(required=False, allow_blank=True, max_length=255)
+
+    def validate(self, attrs):
+        if "delay_seconds" in attrs and "scheduled_time" in attrs:
+            raise serializers.ValidationError(
+                {"delay_seconds": ["Give at most one of delay_seconds or scheduled_time."]}
+            )
+        if not attrs:
+            raise serializers.ValidationError(
+                {"non_field_errors": ["Give delay_seconds, scheduled_time, amount or description."]}
+            )
+        return attrs
+
+
+class CancelInput(StrictSerializer):
+    reason = serializers.CharField(required=False, allow_blank=True, max_length=255, default="")
+
+
+class ListQuery(StrictSerializer):
+    account_id = serializers.IntegerField(required=False, min_value=1, max_value=2**63 - 1)
+    status = serializers.ChoiceField(required=False, choices=PaymentStatus.values)
+    limit = serializers.IntegerField(required=False, min_value=1, max_value=100, default=20)
+    cursor = serializers.CharField(required=False, max_length=200)
+
+
+class StatementQuery(StrictSerializer):
+    limit = serializers.IntegerField(required=False, min_value=1, max_value=100, default=20)
+    cursor = serializers.CharField(required=False, max_length=200)
+
+
+class PaymentOutput(serializers.Serializer):
+    payment_id = serializers.UUIDField(source="id")
+    from_account_id = serializers.IntegerField()
+    to_account_id = serializers.IntegerField()
+    amount = serializers.IntegerField()
+    description = serializers.CharField()
+    metadata = serializers.DictField()
+    scheduled_time = serializers.DateTimeField(source="due_at")
+    status = serializers.ChoiceField(choices=PaymentStatus.values)
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+    executed_at = serializers.DateTimeField(allow_null=True)
+    cancelled_at = serializers.DateTimeField(allow_null=True)
+    error_code = serializers.CharField(allow_null=True)
+    error_message = serializers.CharField(allow_null=True)
+    attempts = serializers.IntegerField()
+
+    def to_representation(self, instance):
+        data = super().to_representation(instance)
+        data["error_code"] = data["error_code"] or None
+        data["error_message"] = data["error_message"] or None
+        return data
+
+
+class PaymentListOutput(serializers.Serializer):
+    payments = PaymentOutput(many=True)
+    next_cursor = serializers.CharField(allow_null=True)
+
+
+class CancelOutput(serializers.Serializer):
+    success = serializers.BooleanField()
+    status = serializers.ChoiceField(choices=PaymentStatus.values)
+    payment = PaymentOutput()
+
+
+class EventOutput(serializers.Serializer):
+    event_id = serializers.IntegerField(source="id")
+    type = serializers.CharField()
+    from_status = serializers.CharField()
+    to_status = serializers.CharField()
+    actor = serializers.CharField()
+    fence = serializers.IntegerField(allow_null=True)
+    data = serializers.DictField()
+    created_at = serializers.DateTimeField()
+
+
+class AttemptOutput(serializers.Serializer):
+    number = serializers.IntegerField()
+    fence = serializers.IntegerField()
+    worker = serializers.CharField()
+    started_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField(allow_null=True)
+    outcome = serializers.CharField()
+    error_code = serializers.CharField()
+    error_message = serializers.CharField()
+
+
+class EventListOutput(serializers.Serializer):
+    events = EventOutput(many=True)
+
+
+class AttemptListOutput(serializers.Serializer):
+    attempts = AttemptOutput(many=True)
+
+
+class AccountOutput(serializers.Serializer):
+    account_id = serializers.IntegerField(source="id")
+    name = serializers.CharField()
+    status = serializers.CharField()
+    balance = serializers.IntegerField()
+    held = serializers.IntegerField()
+    available = serializers.IntegerField()
+    max_payment_amount = serializers.IntegerField()
+    created_at = serializers.DateTimeField()
+
+
+class AccountListOutput(serializers.Serializer):
+    accounts = AccountOutput(many=True)
+
+
+class StatementLineOutput(serializers.Serializer):
+    posting_id = serializers.IntegerField(source="id")
+    entry_id = serializers.IntegerField()
+    kind = serializers.CharField(source="entry.kind")
+    reference = serializers.CharField(source="entry.reference", allow_null=True)
+    description = serializers.CharField(source="entry.description")
+    amount = serializers.IntegerField()
+    balance_after = serializers.IntegerField()
+    created_at = serializers.DateTimeField(source="entry.created_at")
+
+
+class StatementOutput(serializers.Serializer):
+    account = AccountOutput()
+    transactions = StatementLineOutput(many=True)
+    next_cursor = serializers.CharField(allow_null=True)

@@ -1,0 +1,45 @@
+"""Domain errors of payments; like ``LedgerError`` each has a stable ``code``."""
+
+from ledger.exceptions import LedgerError
+
+
+class PaymentError(LedgerError):
+    """A payment rule refused the operation; nothing was written."""
+
+    code = "payment_error"
+
+
+class NotFound(PaymentError):
+    """The object does not exist or belongs to another client."""
+
+    code = "not_found"
+
+
+class InvalidRequest(PaymentError):
+    """The request breaks an input rule (see ``details``)."""
+
+    code = "validation_error"
+
+
+class PaymentNotCancellable(PaymentError):
+    """Only PENDING or QUEUED payments can be cancelled."""
+
+    code = "payment_not_cancellable"
+
+
+class PaymentNotModifiable(PaymentError):
+    """Only PENDING or QUEUED payments can be changed."""
+
+    code = "payment_not_modifiable"
+
+
+class IdempotencyKeyInUse(PaymentError):
+    """A request with this Idempotency-Key is still being processed."""
+
+    code = "idempotency_key_in_use"
+
+
+class IdempotencyKeyReused(PaymentError):
+    """This Idempotency-Key was used with a different request."""
+
+    code = "idempotency_key_reused"

@@ -1,0 +1,322 @@
+"""Write side of payments: schedule, change and cancel, each in one transaction.
+
+Lock order, everywhere (the executor included): payment row, then accounts in
+ascending id order (``LedgerBatch``), then holds. Cancel and update lock the
+payment row exactly like the executor does, so their answer is definite: the
+change happened, or the payment had already moved on and the caller is told
+its current status.
+"""
+
+from __future__ import annotations
+
+import uuid
+import zlib
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+
+from ledger.exceptions import AccountNotActive, AccountNotFound
+from ledger.models import Account, AccountStatus
+from ledger.services import LedgerBatch
+
+from .clock import db_now
+from .exceptions import InvalidRequest, NotFound, PaymentNotCancellable, PaymentNotModifiable
+from .models import (
+    OPEN_STATUSES,
+    Actor,
+    Payment,
+    PaymentEvent,
+    PaymentStatus,
+)
+
+
+def partition_for(account_id: int) -> int:
+    """Stable partition of a source account: same account, same queue, every process."""
+    return zlib.crc32(str(account_id).encode()) % settings.PAYMENT_PARTITIONS
+
+
+def resolve_due_at(
+    *, now: datetime, delay_seconds: int | None = None, scheduled_time: datetime | None = None
+) -> datetime:
+    """Turn ``delay_seconds`` or ``scheduled_time`` into a due instant, within bounds."""
+    if (delay_seconds is None) == (scheduled_time is None):
+        raise InvalidRequest(
+            "Give exactly one of delay_seconds or scheduled_time.",
+            fields={"delay_seconds": "exactly one of delay_seconds, scheduled_time"},
+        )
+    min_delay = settings.PAYMENT_MIN_DELAY_SECONDS
+    max_delay = settings.PAYMENT_MAX_DELAY_SECONDS
+    if delay_seconds is not None:
+        if not min_delay <= delay_seconds <= max_delay:
+            raise InvalidRequest(
+                f"delay_seconds must be between {min_delay} and {max_delay}.",
+                fields={"delay_seconds": f"between {min_delay} and {max_delay}"},
+            )
+        return now + timedelta(seconds=delay_seconds)
+    assert scheduled_time is not None
+    if scheduled_time < now:
+        raise InvalidRequest(
+            "scheduled_time is in the past.",
+            fields={"scheduled_time": "must not be in the past"},
+            now=now.isoformat(),
+        )
+    if scheduled_time > now + timedelta(seconds=max_delay):
+        raise InvalidRequest(
+            f"scheduled_time is more than {max_delay} seconds ahead.",
+            fields={"scheduled_time": f"at most {max_delay} seconds ahead"},
+        )
+    return scheduled_time
+
+
+def _event(
+    payment: Payment,
+    type: str,
+    *,
+    from_status: str = "",
+    actor: str = Actor.CLIENT,
+    actor_user: AbstractBaseUser | None = None,
+    **data: Any,
+) -> PaymentEvent:
+    return PaymentEvent(
+        payment=payment,
+        type=type,
+        from_status=from_status,
+        to_status=payment.status,
+        actor=actor,
+        actor_user=actor_user,
+        fence=payment.fence,
+        data=data,
+    )
+
+
+def _check_amount(amount: int, account: Account) -> None:
+    if amount > account.max_payment_amount:
+        raise InvalidRequest(
+            f"amount exceeds this account's limit of {account.max_payment_amount}.",
+            fields={"amount": f"at most {account.max_payment_amount}"},
+        )
+
+
+def _owned_account(batch: LedgerBatch, account_id: int, client: AbstractBaseUser) -> Account:
+    account = batch.accounts.get(account_id)
+    if account is None or account.owner_id != client.pk:
+        raise NotFound(f"Account {account_id} not found.", account_id=account_id)
+    return account
+
+
+def payment_schedule(
+    *,
+    client: AbstractBaseUser,
+    from_account_id: int,
+    to_account_id: int,
+    amount: int,
+    delay_seconds: int | None = None,
+    scheduled_time: datetime | None = None,
+    description: str = "",
+    metadata: dict | None = None,
+) -> Payment:
+    """Store a payment and reserve its funds with a hold, or write nothing.
+
+    The caller must own the source account (otherwise it does not exist for
+    them). The destination must exist and be active. Insufficient available
+    funds raise ``InsufficientFunds`` at once.
+    """
+    if from_account_id == to_account_id:
+        raise InvalidRequest(
+            "from_account_id and to_account_id must differ.",
+            fields={"to_account_id": "must differ from from_account_id"},
+        )
+    with transaction.atomic():
+        now = db_now()
+        due_at = resolve_due_at(now=now, delay_seconds=delay_seconds, scheduled_time=scheduled_time)
+        # Only the source is locked: payments into a popular account must not
+        # queue behind each other at scheduling time.
+        batch = LedgerBatch(account_ids=[from_account_id])
+        source = _owned_account(batch, from_account_id, client)
+        target = Account.objects.filter(pk=to_account_id).only("pk", "status").first()
+        if target is None:
+            raise AccountNotFound(
+                f"Account {to_account_id} does not exist.", account_id=to_account_id
+            )
+        if target.status != AccountStatus.ACTIVE:
+            raise AccountNotActive(
+                f"Account {to_account_id} is {target.status}.",
+                account_id=to_account_id,
+                status=target.status,
+            )
+        _check_amount(amount, source)
+        payment_id = uuid.uuid4()
+        hold = batch.place_hold(
+            account_id=from_account_id, amount=amount, reference=f"payment:{payment_id}"
+        )
+        batch.flush()
+        payment = Payment.objects.create(
+            id=payment_id,
+            from_account_id=from_account_id,
+            to_account_id=to_account_id,
+            amount=amount,
+            description=description,
+            metadata=metadata or {},
+            due_at=due_at,
+            run_at=due_at,
+            partition=partition_for(from_account_id),
+            hold=hold,
+            updated_at=now,
+        )
+        _event(payment, "scheduled", actor_user=client, amount=amount).save()
+    return payment
+
+
+def _lock_open_payment(payment_id: uuid.UUID, client: AbstractBaseUser | None) -> Payment:
+    qs = Payment.objects.select_for_update(of=("self",)).select_related("from_account")
+    if client is not None:
+        qs = qs.filter(from_account__owner=client)
+    payment = qs.filter(pk=payment_id).first()
+    if payment is None:
+        raise NotFound(f"Payment {payment_id} not found.", payment_id=str(payment_id))
+    return payment
+
+
+def payment_cancel(
+    *,
+    payment_id: uuid.UUID,
+    client: AbstractBaseUser | None = None,
+    actor: str = Actor.CLIENT,
+    actor_user: AbstractBaseUser | None = None,
+    reason: str = "",
+) -> Payment:
+    """Cancel a PENDING or QUEUED payment and release its hold.
+
+    ``client`` restricts the lookup to that client's payments (the API);
+    staff pass ``client=None`` and ``actor=staff``. The fence is bumped, so a
+    message already on its way to a worker finds a stale fence and skips.
+    """
+    with transaction.atomic():
+        payment = _lock_open_payment(payment_id, client)
+        if payment.status not in OPEN_STATUSES:
+            raise PaymentNotCancellable(
+                f"Payment {payment_id} is {payment.status} and can no longer be cancelled.",
+                status=payment.status,
+            )
+        previous = payment.status
+        if payment.hold_id:
+            batch = LedgerBatch(account_ids=[payment.from_account_id], hold_ids=[payment.hold_id])
+            batch.release_hold(hold_id=payment.hold_id)
+            batch.flush()
+        now = db_now()
+        payment.status = PaymentStatus.CANCELLED
+        payment.cancelled_at = now
+        payment.updated_at = now
+        payment.lease_expires_at = None
+        payment.fence += 1
+        payment.save(
+            update_fields=["status", "cancelled_at", "updated_at", "lease_expires_at", "fence"]
+        )
+        data = {"reason": reason} if reason else {}
+        _event(
+            payment, "cancelled", from_status=previous, actor=actor, actor_user=actor_user, **data
+        ).save()
+    return payment
+
+
+def payment_update(
+    *,
+    payment_id: uuid.UUID,
+    client: AbstractBaseUser | None,
+    delay_seconds: int | None = None,
+    scheduled_time: datetime | None = None,
+    amount: int | None = None,
+    description: str | None = None,
+    actor: str = Actor.CLIENT,
+    actor_user: AbstractBaseUser | None = None,
+) -> Payment:
+    """Reschedule, change the amount or the description of an open payment.
+
+    A new amount swaps the hold (release the old, place the new) in the same
+    transaction: if the account cannot cover it, nothing changes. A new time
+    on a QUEUED payment returns it to PENDING with a new fence.
+    """
+    reschedule = delay_seconds is not None or scheduled_time is not None
+    if not reschedule and amount is None and description is None:
+        raise InvalidRequest(
+            "Nothing to change: give delay_seconds, scheduled_time, amount or description.",
+            fields={"non_field_errors": "no changes given"},
+        )
+    with transaction.atomic():
+        payment = _lock_open_payment(payment_id, client)
+        if payment.status not in OPEN_STATUSES:
+            raise PaymentNotModifiable(
+                f"Payment {payment_id} is {payment.status} and can no longer be changed.",
+                status=payment.status,
+            )
+        now = db_now()
+        previous = payment.status
+        events: list[PaymentEvent] = []
+        fields = {"updated_at"}
+        if amount is not None and amount != payment.amount:
+            batch = LedgerBatch(
+                account_ids=[payment.from_account_id],
+                hold_ids=[payment.hold_id] if payment.hold_id else [],
+            )
+            _check_amount(amount, batch.account(payment.from_account_id))
+            if payment.hold_id:
+                batch.release_hold(hold_id=payment.hold_id)
+            hold = batch.place_hold(
+                account_id=payment.from_account_id, amount=amount, reference=payment.reference
+            )
+            batch.flush()
+            events.append(
+                _event(
+                    payment,
+                    "amount_changed",
+                    from_status=previous,
+                    actor=actor,
+                    actor_user=actor_user,
+                    old=payment.amount,
+                    new=amount,
+                )
+            )
+            payment.amount, payment.hold = amount, hold
+            fields |= {"amount", "hold"}
+        if reschedule:
+            due_at = resolve_due_at(
+                now=now, delay_seconds=delay_seconds, scheduled_time=scheduled_time
+            )
+            old_due = payment.due_at
+            payment.due_at = payment.run_at = due_at
+            fields |= {"due_at", "run_at"}
+            if payment.status == PaymentStatus.QUEUED:
+                payment.status = PaymentStatus.PENDING
+                payment.fence += 1
+                payment.lease_expires_at = None
+                fields |= {"status", "fence", "lease_expires_at"}
+            events.append(
+                _event(
+                    payment,
+                    "rescheduled",
+                    from_status=previous,
+                    actor=actor,
+                    actor_user=actor_user,
+                    old=old_due.isoformat(),
+                    new=due_at.isoformat(),
+                )
+            )
+        if description is not None and description != payment.description:
+            events.append(
+                _event(
+                    payment,
+                    "description_changed",
+                    from_status=previous,
+                    actor=actor,
+                    actor_user=actor_user,
+                )
+            )
+            payment.description = description
+            fields.add("description")
+        payment.updated_at = now
+        payment.save(update_fields=sorted(fields))
+        PaymentEvent.objects.bulk_create(events)
+    return payment
