@@ -1,0 +1,504 @@
+"""Contract tests for the public API (DESIGN §5): paths, fields, error shape and codes."""
+
+from datetime import timedelta
+from uuid import uuid4
+
+import pytest
+from django.utils import timezone
+
+from ledger import services as ledger
+from ledger.models import Account, Hold, JournalEntry
+from payments.models import Payment, PaymentEvent, PaymentStatus
+
+pytestmark = pytest.mark.django_db
+
+
+def error(response, http_status, code):
+    assert response.status_code == http_status, response.content
+    body = response.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"code", "message", "details"}
+    assert body["error"]["code"] == code
+    assert body["error"]["message"]
+    return body["error"]
+
+
+def held(account):
+    return Account.objects.get(pk=account.pk).held
+
+
+# --- schedule ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/api/v1/payments/schedule", "/api/v1/payments"])
+def test_schedule_creates_payment_and_places_hold(alice, path):
+    before = timezone.now()
+    response = alice.api.post(
+        path,
+        {
+            "from_account_id": alice.account.pk,
+            "to_account_id": alice.other_account.pk,
+            "amount": 250,
+            "delay_seconds": 60,
+            "description": "rent",
+            "metadata": {"invoice": "A-1"},
+        },
+        format="json",
+    )
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert body["status"] == "PENDING"
+    assert body["amount"] == 250 and isinstance(body["amount"], int)
+    assert body["from_account_id"] == alice.account.pk
+    assert body["to_account_id"] == alice.other_account.pk
+    assert body["description"] == "rent" and body["metadata"] == {"invoice": "A-1"}
+    assert body["executed_at"] is None and body["cancelled_at"] is None
+    assert body["error_code"] is None and body["attempts"] == 0
+    payment = Payment.objects.get(pk=body["payment_id"])
+    due = payment.due_at
+    assert before + timedelta(seconds=59) < due < timezone.now() + timedelta(seconds=61)
+    assert body["scheduled_time"].replace("Z", "+00:00") == due.isoformat()
+    assert held(alice.account) == 250
+    assert payment.hold.amount == 250 and payment.hold.status == "active"
+    assert list(payment.events.values_list("type", "to_status", "actor")) == [
+        ("scheduled", "PENDING", "client")
+    ]
+
+
+def test_schedule_at_a_scheduled_time(alice):
+    when = (timezone.now() + timedelta(hours=2)).replace(microsecond=0)
+    response = alice.schedule(delay_seconds=None, scheduled_time=when.isoformat())
+    # delay_seconds=None is an explicit null: rejected as a type error
+    error(response, 400, "validation_error")
+    body = {
+        "from_account_id": alice.account.pk,
+        "to_account_id": alice.other_account.pk,
+        "amount": 5,
+        "scheduled_time": when.strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    response = alice.api.post("/api/v1/payments/schedule", body, format="json")
+    assert response.status_code == 201
+    assert Payment.objects.get(pk=response.json()["payment_id"]).due_at == when
+
+
+INVALID = [
+    ({"amount": 0}, "amount"),
+    ({"amount": -3}, "amount"),
+    ({"amount": 1.5}, "amount"),
+    ({"amount": "10"}, "amount"),
+    ({"amount": True}, "amount"),
+    ({"delay_seconds": 0}, "delay_seconds"),
+    ({"delay_seconds": 366 * 24 * 3600}, "delay_seconds"),
+    ({"delay_seconds": "5"}, "delay_seconds"),
+    ({"scheduled_time": "2020-01-01T00:00:00Z"}, "delay_seconds"),  # both given
+    ({"from_account_id": "x"}, "from_account_id"),
+    ({"description": "x" * 256}, "description"),
+    ({"metadata": {"k": "v" * 5000}}, "metadata"),
+    ({"metadata": [1]}, "metadata"),
+    ({"delay_second": 5}, "delay_second"),  # unknown field
+]
+
+
+@pytest.mark.parametrize(("overrides", "field"), INVALID)
+def test_schedule_validation_errors_write_nothing(alice, overrides, field):
+    error_ = error(alice.schedule(**overrides), 400, "validation_error")
+    assert field in error_["details"]["fields"]
+    assert Payment.objects.count() == 0
+    assert held(alice.account) == 0
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"amount": 5, "to_account_id": 1, "delay_seconds": 5}, "from_account_id"),
+        ({"from_account_id": 1, "to_account_id": 2, "delay_seconds": 5}, "amount"),
+    ],
+)
+def test_schedule_missing_fields(alice, body, field):
+    response = alice.api.post("/api/v1/payments/schedule", body, format="json")
+    assert field in error(response, 400, "validation_error")["details"]["fields"]
+
+
+def test_schedule_needs_a_time(alice):
+    body = {"from_account_id": alice.account.pk, "to_account_id": alice.other_account.pk}
+    response = alice.api.post("/api/v1/payments/schedule", body | {"amount": 1}, format="json")
+    assert "delay_seconds" in error(response, 400, "validation_error")["details"]["fields"]
+
+
+@pytest.mark.parametrize(
+    ("when", "message"),
+    [
+        ("2020-01-01T00:00:00Z", "past"),
+        ("2999-01-01T00:00:00Z", "ahead"),
+        ("2030-01-01T00:00:00", "offset"),
+        ("tomorrow", "ISO-8601"),
+    ],
+)
+def test_schedule_time_rules(alice, when, message):
+    body = {
+        "from_account_id": alice.account.pk,
+        "to_account_id": alice.other_account.pk,
+        "amount": 1,
+        "scheduled_time": when,
+    }
+    err = error(alice.api.post("/api/v1/payments", body, format="json"), 400, "validation_error")
+    assert message in str(err)
+
+
+def test_schedule_same_account(alice):
+    err = error(alice.schedule(to_account_id=alice.account.pk), 400, "validation_error")
+    assert "to_account_id" in err["details"]["fields"]
+
+
+def test_schedule_above_account_limit(alice):
+    Account.objects.filter(pk=alice.account.pk).update(max_payment_amount=50)
+    err = error(alice.schedule(amount=51), 400, "validation_error")
+    assert err["details"]["fields"] == {"amount": ["at most 50"]}
+    assert alice.schedule(amount=50).status_code == 201
+
+
+def test_schedule_insufficient_funds_writes_nothing(alice):
+    err = error(alice.schedule(amount=10_001), 422, "insufficient_funds")
+    assert err["details"] == {
+        "account_id": alice.account.pk,
+        "available": 10_000,
+        "required": 10_001,
+    }
+    assert Payment.objects.count() == 0 and Hold.objects.count() == 0
+    assert alice.schedule(amount=6_000).status_code == 201
+    error(alice.schedule(amount=4_001), 422, "insufficient_funds")  # 6,000 is held
+
+
+def test_schedule_from_someone_elses_account_is_not_found(alice, bob):
+    error(alice.schedule(from_account_id=bob.account.pk), 404, "not_found")
+    error(alice.schedule(from_account_id=999_999), 404, "not_found")
+    assert held(bob.account) == 0
+
+
+def test_schedule_to_missing_or_inactive_account(alice, bob):
+    error(alice.schedule(to_account_id=999_999), 422, "account_not_found")
+    ledger.account_set_status(account_id=bob.account.pk, status="frozen")
+    error(alice.schedule(to_account_id=bob.account.pk), 422, "account_not_active")
+    ledger.account_set_status(account_id=alice.account.pk, status="frozen")
+    error(alice.schedule(), 422, "account_not_active")
+    assert Payment.objects.count() == 0
+
+
+def test_to_another_clients_account_is_allowed(alice, bob):
+    assert alice.schedule(to_account_id=bob.account.pk).status_code == 201
+
+
+def test_malformed_json(alice):
+    response = alice.api.post(
+        "/api/v1/payments/schedule", "{not json", content_type="application/json"
+    )
+    error(response, 400, "parse_error")
+    response = alice.api.post(
+        "/api/v1/payments/schedule", "[1, 2]", content_type="application/json"
+    )
+    error(response, 400, "validation_error")
+
+
+def test_authentication(alice):
+    anonymous = alice.api.__class__()
+    err = error(anonymous.get("/api/v1/payments"), 401, "not_authenticated")
+    assert err
+    anonymous.credentials(HTTP_AUTHORIZATION="Bearer dps_wrong")
+    response = anonymous.get("/api/v1/payments")
+    error(response, 401, "authentication_failed")
+    assert response["WWW-Authenticate"] == "Bearer"
+
+
+# --- read ----------------------------------------------------------------------
+
+
+def test_get_payment(alice):
+    payment_id = alice.schedule().json()["payment_id"]
+    body = alice.api.get(f"/api/v1/payments/{payment_id}").json()
+    assert body["payment_id"] == payment_id
+    for field in (
+        "from_account_id",
+        "to_account_id",
+        "amount",
+        "scheduled_time",
+        "status",
+        "created_at",
+        "executed_at",
+        "cancelled_at",
+        "error_code",
+        "error_message",
+        "attempts",
+    ):
+        assert field in body
+
+
+@pytest.mark.parametrize("payment_id", [str(uuid4()), "not-a-uuid", "1"])
+def test_unknown_payment_is_not_found(alice, payment_id):
+    error(alice.api.get(f"/api/v1/payments/{payment_id}"), 404, "not_found")
+
+
+def test_unknown_api_route_is_json_404(alice):
+    error(alice.api.get("/api/v1/nothing-here"), 404, "not_found")
+
+
+def test_method_not_allowed(alice):
+    error(alice.api.put("/api/v1/payments", {}, format="json"), 405, "method_not_allowed")
+
+
+def test_list_newest_first_with_stable_cursor(alice, bob):
+    ids = [alice.schedule(amount=i + 1).json()["payment_id"] for i in range(5)]
+    bob.schedule()
+    seen, cursor = [], None
+    while True:
+        params = {"limit": 2} | ({"cursor": cursor} if cursor else {})
+        page = alice.api.get("/api/v1/payments", params).json()
+        assert len(page["payments"]) <= 2
+        seen += [p["payment_id"] for p in page["payments"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+        alice.schedule(amount=99)  # new payments do not shift later pages
+    assert seen == ids[::-1]
+
+
+def test_list_filters_and_limits(alice):
+    first = alice.schedule().json()["payment_id"]
+    alice.schedule()
+    alice.api.delete(f"/api/v1/payments/{first}/cancel")
+    cancelled = alice.api.get("/api/v1/payments", {"status": "CANCELLED"}).json()["payments"]
+    assert [p["payment_id"] for p in cancelled] == [first]
+    by_account = alice.api.get("/api/v1/payments", {"account_id": alice.other_account.pk}).json()
+    assert by_account["payments"] == []
+    assert len(alice.api.get("/api/v1/payments").json()["payments"]) == 2
+    for params, field in (
+        ({"limit": 101}, "limit"),
+        ({"limit": 0}, "limit"),
+        ({"status": "DONE"}, "status"),
+        ({"cursor": "garbage"}, "cursor"),
+        ({"account_id": "x"}, "account_id"),
+    ):
+        response = alice.api.get("/api/v1/payments", params)
+        assert field in error(response, 400, "validation_error")["details"]["fields"]
+
+
+def test_list_default_limit_is_20(alice):
+    for _ in range(21):
+        alice.schedule(amount=1)
+    page = alice.api.get("/api/v1/payments").json()
+    assert len(page["payments"]) == 20 and page["next_cursor"]
+
+
+# --- cancel --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["delete", "post"])
+def test_cancel_releases_hold_and_is_definite(alice, method):
+    payment_id = alice.schedule(amount=300).json()["payment_id"]
+    response = getattr(alice.api, method)(f"/api/v1/payments/{payment_id}/cancel")
+    assert response.status_code == 200
+    body = response.json()
+    assert body["success"] is True and body["status"] == "CANCELLED"
+    assert body["payment"]["cancelled_at"]
+    assert held(alice.account) == 0
+    payment = Payment.objects.get(pk=payment_id)
+    assert payment.hold.status == "released"
+    event = payment.events.get(type="cancelled")
+    assert (event.from_status, event.to_status, event.actor, event.actor_user) == (
+        "PENDING",
+        "CANCELLED",
+        "client",
+        alice.user,
+    )
+    err = error(
+        getattr(alice.api, method)(f"/api/v1/payments/{payment_id}/cancel"),
+        409,
+        "payment_not_cancellable",
+    )
+    assert err["details"]["status"] == "CANCELLED"
+
+
+def test_cancel_completed_payment_is_refused(alice):
+    payment_id = alice.schedule().json()["payment_id"]
+    payment = Payment.objects.get(pk=payment_id)
+    entry = ledger.hold_capture(
+        hold_id=payment.hold_id, to_account_id=payment.to_account_id, reference=payment.reference
+    )
+    Payment.objects.filter(pk=payment_id).update(
+        status=PaymentStatus.COMPLETED, journal_entry=entry, executed_at=timezone.now()
+    )
+    err = error(
+        alice.api.delete(f"/api/v1/payments/{payment_id}/cancel"), 409, "payment_not_cancellable"
+    )
+    assert err["details"]["status"] == "COMPLETED"
+    err = error(
+        alice.api.patch(f"/api/v1/payments/{payment_id}", {"amount": 5}, format="json"),
+        409,
+        "payment_not_modifiable",
+    )
+    assert err["details"]["status"] == "COMPLETED"
+
+
+def test_cancel_queued_payment_bumps_fence(alice):
+    payment_id = alice.schedule().json()["payment_id"]
+    Payment.objects.filter(pk=payment_id).update(status=PaymentStatus.QUEUED, fence=3)
+    assert alice.api.delete(f"/api/v1/payments/{payment_id}/cancel").status_code == 200
+    payment = Payment.objects.get(pk=payment_id)
+    assert payment.status == "CANCELLED" and payment.fence == 4
+
+
+# --- update --------------------------------------------------------------------
+
+
+def test_patch_reschedule_amount_and_description(alice):
+    payment_id = alice.schedule(amount=100).json()["payment_id"]
+    url = f"/api/v1/payments/{payment_id}"
+    body = alice.api.patch(url, {"delay_seconds": 7200}, format="json").json()
+    due = Payment.objects.get(pk=payment_id).due_at
+    assert timezone.now() + timedelta(seconds=7100) < due
+    assert body["scheduled_time"].replace("Z", "+00:00") == due.isoformat()
+    body = alice.api.patch(url, {"amount": 400, "description": "more"}, format="json").json()
+    assert (body["amount"], body["description"]) == (400, "more")
+    assert held(alice.account) == 400
+    payment = Payment.objects.get(pk=payment_id)
+    assert payment.hold.amount == 400 and payment.hold.status == "active"
+    assert Hold.objects.filter(account=alice.account, status="released").count() == 1
+    types = list(payment.events.order_by("pk").values_list("type", flat=True))
+    assert types == ["scheduled", "rescheduled", "amount_changed", "description_changed"]
+
+
+def test_patch_amount_beyond_funds_changes_nothing(alice):
+    payment_id = alice.schedule(amount=100).json()["payment_id"]
+    url = f"/api/v1/payments/{payment_id}"
+    error(
+        alice.api.patch(url, {"amount": 10_001, "description": "x"}, format="json"),
+        422,
+        "insufficient_funds",
+    )
+    payment = Payment.objects.get(pk=payment_id)
+    assert (payment.amount, payment.description, payment.hold.status) == (100, "", "active")
+    assert held(alice.account) == 100
+    # up to everything available is fine: the old hold is released first
+    assert alice.api.patch(url, {"amount": 10_000}, format="json").status_code == 200
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {},
+        {"amount": 0},
+        {"delay_seconds": 0},
+        {"status": "COMPLETED"},
+        {"delay_seconds": 5, "scheduled_time": "2030-01-01T00:00:00Z"},
+    ],
+)
+def test_patch_validation(alice, body):
+    payment_id = alice.schedule().json()["payment_id"]
+    error(
+        alice.api.patch(f"/api/v1/payments/{payment_id}", body, format="json"),
+        400,
+        "validation_error",
+    )
+
+
+def test_reschedule_queued_payment_returns_it_to_pending_with_new_fence(alice):
+    payment_id = alice.schedule().json()["payment_id"]
+    Payment.objects.filter(pk=payment_id).update(
+        status=PaymentStatus.QUEUED, fence=1, lease_expires_at=timezone.now()
+    )
+    body = alice.api.patch(
+        f"/api/v1/payments/{payment_id}", {"delay_seconds": 30}, format="json"
+    ).json()
+    assert body["status"] == "PENDING"
+    payment = Payment.objects.get(pk=payment_id)
+    assert payment.fence == 2 and payment.lease_expires_at is None
+    assert payment.run_at == payment.due_at
+
+
+# --- history -------------------------------------------------------------------
+
+
+def test_events_and_attempts(alice):
+    payment_id = alice.schedule().json()["payment_id"]
+    alice.api.post(
+        f"/api/v1/payments/{payment_id}/cancel", {"reason": "changed my mind"}, format="json"
+    )
+    events = alice.api.get(f"/api/v1/payments/{payment_id}/events").json()["events"]
+    assert [(e["type"], e["from_status"], e["to_status"], e["actor"]) for e in events] == [
+        ("scheduled", "", "PENDING", "client"),
+        ("cancelled", "PENDING", "CANCELLED", "client"),
+    ]
+    assert events[1]["data"] == {"reason": "changed my mind"}
+    assert alice.api.get(f"/api/v1/payments/{payment_id}/attempts").json() == {"attempts": []}
+
+
+# --- accounts ------------------------------------------------------------------
+
+
+def test_accounts_list_and_detail(alice, bob):
+    alice.schedule(amount=1_000)
+    accounts = alice.api.get("/api/v1/accounts").json()["accounts"]
+    assert [a["account_id"] for a in accounts] == [alice.account.pk, alice.other_account.pk]
+    detail = alice.api.get(f"/api/v1/accounts/{alice.account.pk}").json()
+    assert (detail["balance"], detail["held"], detail["available"]) == (10_000, 1_000, 9_000)
+    error(alice.api.get(f"/api/v1/accounts/{bob.account.pk}"), 404, "not_found")
+    error(alice.api.get(f"/api/v1/accounts/{bob.account.pk}/transactions"), 404, "not_found")
+
+
+def test_statement_running_balance_and_cursor(alice):
+    for amount in (10, 20, 30):
+        ledger.transfer_post(
+            from_account_id=alice.account.pk, to_account_id=alice.other_account.pk, amount=amount
+        )
+    url = f"/api/v1/accounts/{alice.account.pk}/transactions"
+    page = alice.api.get(url, {"limit": 2}).json()
+    assert [(t["amount"], t["balance_after"]) for t in page["transactions"]] == [
+        (-30, 9_940),
+        (-20, 9_970),
+    ]
+    page = alice.api.get(url, {"limit": 2, "cursor": page["next_cursor"]}).json()
+    assert [(t["amount"], t["balance_after"], t["kind"]) for t in page["transactions"]] == [
+        (-10, 9_990, "transfer"),
+        (10_000, 10_000, "deposit"),
+    ]
+    assert page["next_cursor"] is None
+    error(alice.api.get(url, {"cursor": "!!"}), 400, "validation_error")
+
+
+# --- throttling and docs ---------------------------------------------------------
+
+
+def test_throttling_per_client(alice, bob, monkeypatch):
+    from payments.api.auth import ClientRateThrottle
+
+    monkeypatch.setattr(ClientRateThrottle, "THROTTLE_RATES", {"client": "3/min"})
+    for _ in range(3):
+        assert alice.api.get("/api/v1/accounts").status_code == 200
+    response = alice.api.get("/api/v1/accounts")
+    err = error(response, 429, "throttled")
+    assert err["details"]["retry_after_seconds"] > 0 and int(response["Retry-After"]) > 0
+    assert bob.api.get("/api/v1/accounts").status_code == 200  # separate budget
+
+
+def test_schema_and_offline_docs(client):
+    schema = client.get("/api/schema/", {"format": "json"})
+    assert schema.status_code == 200
+    spec = schema.json()
+    assert spec["openapi"].startswith("3.")
+    for path in (
+        "/api/v1/payments/schedule",
+        "/api/v1/payments",
+        "/api/v1/payments/{payment_id}",
+        "/api/v1/payments/{payment_id}/cancel",
+        "/api/v1/payments/{payment_id}/events",
+        "/api/v1/payments/{payment_id}/attempts",
+        "/api/v1/accounts",
+        "/api/v1/accounts/{account_id}",
+        "/api/v1/accounts/{account_id}/transactions",
+    ):
+        assert path in spec["paths"], path
+    docs = client.get("/api/docs/")
+    assert docs.status_code == 200
+    html = docs.content.decode()
+    assert "swagger-ui" in html and "http://" not in html.replace("http://testserver", "")
+    assert "https://" not in html
+    assert JournalEntry.objects.count() == 0 and PaymentEvent.objects.count() == 0
