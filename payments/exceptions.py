@@ -43,3 +43,9 @@ class IdempotencyKeyReused(PaymentError):
     """This Idempotency-Key was used with a different request."""
 
     code = "idempotency_key_reused"
+
+
+class PaymentNotDue(PaymentError):
+    """The payment's scheduled time has not come; nothing runs early."""
+
+    code = "payment_not_due"

@@ -22,6 +22,7 @@ from ledger.exceptions import AccountNotActive, AccountNotFound
 from ledger.models import Account, AccountStatus
 from ledger.services import LedgerBatch
 
+from . import metrics
 from .clock import db_now
 from .exceptions import InvalidRequest, NotFound, PaymentNotCancellable, PaymentNotModifiable
 from .models import (
@@ -167,6 +168,7 @@ def payment_schedule(
             updated_at=now,
         )
         _event(payment, "scheduled", actor_user=client, amount=amount).save()
+        transaction.on_commit(metrics.scheduled.inc)
     return payment
 
 
@@ -219,6 +221,7 @@ def payment_cancel(
         _event(
             payment, "cancelled", from_status=previous, actor=actor, actor_user=actor_user, **data
         ).save()
+        transaction.on_commit(lambda: metrics.cancelled.labels(actor=actor).inc())
     return payment
 
 

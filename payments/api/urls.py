@@ -21,6 +21,11 @@ urlpatterns = [
         views.PaymentAttemptsView.as_view(),
         name="payment-attempts",
     ),
+    path(
+        "internal/payments/<str:payment_id>/execute",
+        views.InternalExecuteView.as_view(),
+        name="internal-payment-execute",
+    ),
     path("accounts", views.AccountListView.as_view(), name="account-list"),
     path("accounts/<int:account_id>", views.AccountDetailView.as_view(), name="account-detail"),
     path(

@@ -7,20 +7,23 @@ client's payment or account is simply not found (404), on every path.
 from __future__ import annotations
 
 import functools
+import hmac
 import uuid
 
+from django.conf import settings
 from django.db import transaction
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework import status
+from rest_framework import serializers, status
 from rest_framework.exceptions import APIException
+from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from ledger import selectors as ledger_selectors
 from ledger.exceptions import LedgerError
 
-from .. import selectors, services
+from .. import execution, selectors, services
 from ..exceptions import InvalidRequest, NotFound
 from ..idempotency import (
     idempotency_begin,
@@ -30,6 +33,7 @@ from ..idempotency import (
 )
 from ..models import Actor
 from . import serializers as s
+from .serializers import StrictSerializer
 
 IDEMPOTENCY_HEADER = OpenApiParameter(
     "Idempotency-Key",
@@ -282,3 +286,44 @@ class AccountTransactionsView(APIView):
                 "next_cursor": next_cursor,
             }
         )
+
+
+class InternalExecuteInput(StrictSerializer):
+    execution_id = serializers.CharField(min_length=1, max_length=100)
+
+
+class InternalAuthPermission(BasePermission):
+    """``X-Internal-Auth`` must equal ``INTERNAL_API_TOKEN`` (unset: the path is disabled)."""
+
+    def has_permission(self, request, view):
+        expected = settings.INTERNAL_API_TOKEN
+        given = request.headers.get("X-Internal-Auth", "")
+        if not expected or not hmac.compare_digest(given.encode(), expected.encode()):
+            raise NotFound("Not found.")
+        return True
+
+
+class InternalExecuteView(APIView):
+    """Operator trigger: execute a due payment now. Idempotent: a repeat returns the outcome."""
+
+    authentication_classes: list = []
+    permission_classes = [InternalAuthPermission]
+    throttle_classes: list = []
+
+    @extend_schema(
+        operation_id="internal_payment_execute",
+        summary="Execute a due payment now (operators; X-Internal-Auth)",
+        request=InternalExecuteInput,
+        parameters=[
+            OpenApiParameter(
+                "X-Internal-Auth", OpenApiTypes.STR, OpenApiParameter.HEADER, required=True
+            )
+        ],
+        responses={200: s.PaymentOutput, 404: ERROR, 409: ERROR},
+    )
+    def post(self, request, payment_id):
+        data = parse(InternalExecuteInput, request.data)
+        payment = execution.payment_execute_now(
+            payment_id=parse_payment_id(payment_id), execution_id=data["execution_id"]
+        )
+        return Response({"execution_id": data["execution_id"], **s.PaymentOutput(payment).data})

@@ -153,7 +153,6 @@ SPECTACULAR_SETTINGS = {
 }
 
 # --- Payments -------------------------------------------------------------
-PAYMENT_PARTITIONS = env.int("PAYMENT_PARTITIONS", default=16)
 PAYMENT_MIN_DELAY_SECONDS = env.int("PAYMENT_MIN_DELAY_SECONDS", default=1)
 PAYMENT_MAX_DELAY_SECONDS = env.int("PAYMENT_MAX_DELAY_SECONDS", default=365 * 24 * 3600)
 IDEMPOTENCY_TTL_SECONDS = env.int("IDEMPOTENCY_TTL_SECONDS", default=24 * 3600)
@@ -196,6 +195,70 @@ CELERY_ENABLE_UTC = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+
+# Execution semantics (DESIGN §4.1). The database, not the broker, is what
+# guarantees exactly-once: a message is only a hint "this chunk is due"; the
+# executor re-checks status + fence under a row lock, and the journal entry's
+# UNIQUE reference refuses a second posting. So the broker only needs
+# at-least-once delivery, which these settings give:
+# - acks_late: a message is acknowledged after the task ran, so a worker that
+#   dies mid-task leaves it unacknowledged and it is delivered again;
+CELERY_TASK_ACKS_LATE = True
+# - reject_on_worker_lost: ...including when the pool child is SIGKILLed/OOMed
+#   (without this Celery acks such a task as failed and it would be lost until
+#   the lease reaper re-claims it);
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+# - prefetch 1: each pool process reserves one message at a time, so a slow or
+#   dying worker strands at most one chunk and others take the rest;
+CELERY_WORKER_PREFETCH_MULTIPLIER = env.int("CELERY_WORKER_PREFETCH_MULTIPLIER", default=1)
+# - time limits: a chunk normally takes milliseconds; a hung one is killed
+#   (hard) after 120 s, well inside the lease, and its message redelivered.
+CELERY_TASK_SOFT_TIME_LIMIT = 90
+CELERY_TASK_TIME_LIMIT = 120
+# The broker-level visibility timeout (Redis, above) only decides when Redis
+# itself re-delivers an unacknowledged message; our lease
+# (PAYMENT_LEASE_SECONDS) is the real recovery path and is much shorter.
+
+# Queues: one per payment partition, so payments of one source account are
+# always on one queue and workers can consume any subset
+# (celery -A scheduler_project worker -Q payments.p00,payments.p01). A worker
+# started without -Q consumes all of them plus "default" (sweeper, reaper,
+# maintenance) and "webhooks".
+PAYMENT_PARTITIONS = env.int("PAYMENT_PARTITIONS", default=16)
+CELERY_TASK_DEFAULT_QUEUE = "default"
+CELERY_TASK_QUEUES = {
+    "default": {"exchange": "default", "routing_key": "default"},
+    **{
+        f"payments.p{n:02d}": {"exchange": "payments", "routing_key": f"payments.p{n:02d}"}
+        for n in range(PAYMENT_PARTITIONS)
+    },
+}
+CELERY_TASK_CREATE_MISSING_QUEUES = True
+
+# --- Durable timer (DESIGN §4.1) -------------------------------------------
+# Claim payments this far ahead of due and publish them with an ETA, so they
+# fire at their due instant instead of up to one sweep interval late.
+PAYMENT_LOOKAHEAD_SECONDS = env.float("PAYMENT_LOOKAHEAD_SECONDS", default=1.0)
+# Rows claimed per sweep statement; the sweeper loops while batches are full.
+PAYMENT_SWEEP_BATCH = env.int("PAYMENT_SWEEP_BATCH", default=2000)
+# Payments per Celery message (one transaction in the executor).
+PAYMENT_CHUNK_SIZE = env.int("PAYMENT_CHUNK_SIZE", default=200)
+# Payments of one chunk are due within this spread; the chunk's ETA is its
+# latest due time, so this bounds the lateness chunking adds.
+PAYMENT_CHUNK_SPREAD_MS = env.int("PAYMENT_CHUNK_SPREAD_MS", default=50)
+# How long a QUEUED payment may wait for a worker before the reaper returns it
+# to PENDING with a new fence (worker died, message lost, Redis flushed).
+PAYMENT_LEASE_SECONDS = env.int("PAYMENT_LEASE_SECONDS", default=60)
+# Backpressure: the sweeper stops claiming while this many are QUEUED, so a
+# backlog waits in PostgreSQL (cheap, durable) rather than as leases that
+# could expire in the broker.
+PAYMENT_MAX_QUEUED = env.int("PAYMENT_MAX_QUEUED", default=50_000)
+# Claims before a payment is dead-lettered (FAILED max_attempts_exceeded).
+PAYMENT_MAX_ATTEMPTS = env.int("PAYMENT_MAX_ATTEMPTS", default=5)
+# Executor retries of a chunk on transient database errors before splitting it.
+PAYMENT_CHUNK_RETRIES = env.int("PAYMENT_CHUNK_RETRIES", default=3)
+# Shared secret for POST /api/v1/internal/payments/{id}/execute (unset = disabled).
+INTERNAL_API_TOKEN = env.str("INTERNAL_API_TOKEN", default="")
 
 # --- Logging --------------------------------------------------------------
 LOG_LEVEL = env.str("LOG_LEVEL", default="INFO")

@@ -1,0 +1,223 @@
+"""The executor: run a chunk of claimed payments in one transaction (DESIGN §4.1).
+
+For a chunk of ``(payment id, fence)`` pairs:
+
+1. lock the payment rows (id order); keep those still QUEUED *with the same
+   fence* — anything else is a stale or duplicate delivery: recorded, skipped;
+2. any not yet due by the database clock are left QUEUED and handed back to
+   be re-published with a countdown (a payment never runs early);
+3. lock every involved account in ascending id order (``LedgerBatch``) and
+   the holds, apply each transfer capturing its hold; a payment that breaks a
+   business rule (account frozen, hold gone…) is FAILED with its hold
+   released, without disturbing the others;
+4. write entries, postings, holds and balances with bulk statements, mark
+   payments COMPLETED / FAILED, write attempts and events, commit;
+5. side effects (logs, metrics, webhooks) run after commit.
+
+Exactly-once does not depend on the queue: the fence check under a row lock
+turns duplicates away, and the journal entry's UNIQUE reference makes a
+second posting impossible even if every other guard failed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.db import transaction
+
+from ledger.exceptions import DuplicateReference, LedgerError
+from ledger.models import HoldStatus, JournalEntry
+from ledger.services import LedgerBatch
+
+from .clock import db_now
+from .models import Actor, AttemptOutcome, Payment, PaymentAttempt, PaymentEvent, PaymentStatus
+
+logger = logging.getLogger(__name__)
+WORKER = f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass
+class ChunkResult:
+    completed: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    failure_codes: list[str] = field(default_factory=list)
+    stale: list[str] = field(default_factory=list)
+    not_due: list[tuple[str, int, datetime]] = field(default_factory=list)
+    lateness_seconds: list[float] = field(default_factory=list)
+
+
+def execute_chunk(items: list[tuple[str, int]], *, worker: str = WORKER) -> ChunkResult:
+    """Execute the due payments of a chunk; see the module docstring. Owns its transaction."""
+    fences = {str(pid): int(fence) for pid, fence in items}
+    result = ChunkResult()
+    with transaction.atomic():
+        now = db_now()
+        payments = list(
+            Payment.objects.select_for_update(of=("self",))
+            .filter(pk__in=list(fences))
+            .order_by("pk")
+        )
+        found = {str(p.pk) for p in payments}
+        result.stale.extend(pid for pid in fences if pid not in found)
+        attempts: list[PaymentAttempt] = []
+        events: list[PaymentEvent] = []
+        due: list[Payment] = []
+        for payment in payments:
+            pid = str(payment.pk)
+            if payment.status != PaymentStatus.QUEUED or payment.fence != fences[pid]:
+                result.stale.append(pid)
+                continue
+            if payment.due_at > now:
+                result.not_due.append((pid, payment.fence, payment.due_at))
+                continue
+            due.append(payment)
+        if due:
+            _run(due, now, worker, result, attempts, events)
+        PaymentAttempt.objects.bulk_create(attempts)
+        PaymentEvent.objects.bulk_create(events)
+        transaction.on_commit(lambda: _after_commit(result))
+    if result.stale:
+        logger.info("skipped %s stale deliveries", len(result.stale), extra={"stale": result.stale})
+    return result
+
+
+def _run(due, now, worker, result, attempts, events) -> None:
+    batch = LedgerBatch(
+        account_ids={p.from_account_id for p in due} | {p.to_account_id for p in due},
+        hold_ids=[p.hold_id for p in due if p.hold_id],
+        references=[p.reference for p in due],
+    )
+    for payment in due:
+        pid = str(payment.pk)
+        attempt = PaymentAttempt(
+            payment=payment,
+            number=payment.attempts,
+            fence=payment.fence,
+            worker=worker[:128],
+            started_at=now,
+            finished_at=now,
+        )
+        try:
+            if payment.hold_id is None:
+                raise LedgerError("Payment has no hold.")
+            entry = batch.transfer(
+                from_account_id=payment.from_account_id,
+                to_account_id=payment.to_account_id,
+                amount=payment.amount,
+                reference=payment.reference,
+                description=payment.description or f"Payment {pid}",
+                hold_id=payment.hold_id,
+            )
+        except DuplicateReference:
+            # Posted before (cannot happen while fences hold; the UNIQUE
+            # reference is the last line). The money moved once: record that.
+            entry = JournalEntry.objects.get(reference=payment.reference)
+        except LedgerError as exc:
+            hold = batch.holds.get(payment.hold_id) if payment.hold_id else None
+            if hold is not None and hold.status == HoldStatus.ACTIVE:
+                batch.release_hold(hold_id=hold.pk)
+            payment.status = PaymentStatus.FAILED
+            payment.error_code = exc.code
+            payment.error_message = exc.message[:255]
+            attempt.outcome = AttemptOutcome.FAILED
+            attempt.error_code, attempt.error_message = exc.code, exc.message[:255]
+            result.failed.append(pid)
+            result.failure_codes.append(exc.code)
+        else:
+            payment.status = PaymentStatus.COMPLETED
+            payment.journal_entry = entry
+            payment.executed_at = now
+            attempt.outcome = AttemptOutcome.SUCCEEDED
+            result.completed.append(pid)
+            result.lateness_seconds.append((now - payment.due_at).total_seconds())
+        payment.lease_expires_at = None
+        payment.updated_at = now
+        attempts.append(attempt)
+        events.append(
+            PaymentEvent(
+                payment=payment,
+                type="executed" if payment.status == PaymentStatus.COMPLETED else "failed",
+                from_status=PaymentStatus.QUEUED,
+                to_status=payment.status,
+                actor=Actor.SYSTEM,
+                fence=payment.fence,
+                data={"worker": worker[:128], "error_code": payment.error_code}
+                if payment.error_code
+                else {"worker": worker[:128]},
+            )
+        )
+    batch.flush()
+    Payment.objects.bulk_update(
+        due,
+        [
+            "status",
+            "journal_entry",
+            "executed_at",
+            "error_code",
+            "error_message",
+            "lease_expires_at",
+            "updated_at",
+        ],
+    )
+
+
+def _after_commit(result: ChunkResult) -> None:
+    from . import metrics
+
+    metrics.record_chunk(result)
+    if result.completed or result.failed:
+        logger.info(
+            "executed chunk: %s completed, %s failed",
+            len(result.completed),
+            len(result.failed),
+            extra={
+                "completed": len(result.completed),
+                "failed": result.failed,
+                "max_lateness": max(result.lateness_seconds, default=None),
+            },
+        )
+
+
+def payment_execute_now(*, payment_id, execution_id: str) -> Payment:
+    """Operator trigger: claim a due open payment and execute it at once.
+
+    Idempotent per ``execution_id`` (and harmless otherwise: a payment that is
+    already terminal is returned as it is). A payment not yet due is left
+    alone (``payment_not_due``): nothing runs before its time.
+    """
+    from .exceptions import NotFound, PaymentNotDue
+
+    with transaction.atomic():
+        payment = Payment.objects.select_for_update(of=("self",)).filter(pk=payment_id).first()
+        if payment is None:
+            raise NotFound(f"Payment {payment_id} not found.", payment_id=str(payment_id))
+        if payment.status not in (PaymentStatus.PENDING, PaymentStatus.QUEUED):
+            return payment
+        now = db_now()
+        if payment.due_at > now:
+            raise PaymentNotDue(
+                f"Payment {payment_id} is not due until {payment.due_at.isoformat()}.",
+                due_at=payment.due_at.isoformat(),
+            )
+        previous = payment.status
+        payment.status = PaymentStatus.QUEUED
+        payment.fence += 1
+        payment.attempts += 1
+        payment.lease_expires_at = now
+        payment.save(update_fields=["status", "fence", "attempts", "lease_expires_at"])
+        PaymentEvent.objects.create(
+            payment=payment,
+            type="queued",
+            from_status=previous,
+            to_status=PaymentStatus.QUEUED,
+            actor=Actor.STAFF,
+            fence=payment.fence,
+            data={"execution_id": execution_id, "trigger": "internal_api"},
+        )
+        fence = payment.fence
+    execute_chunk([(str(payment.pk), fence)], worker=f"internal:{execution_id}"[:128])
+    return Payment.objects.get(pk=payment.pk)

@@ -1,0 +1,25 @@
+"""``manage.py reap_leases``: return expired QUEUED payments to PENDING (or dead-letter them)."""
+
+import json
+
+from django.core.management.base import BaseCommand
+
+from payments.scheduling import reap_leases
+
+
+class Command(BaseCommand):
+    help = "Requeue payments whose lease expired; dead-letter those out of attempts."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--json", action="store_true")
+
+    def handle(self, *args, **options):
+        result = reap_leases()
+        if options["json"]:
+            self.stdout.write(
+                json.dumps({"requeued": result.requeued, "dead_lettered": result.dead_lettered})
+            )
+        else:
+            self.stdout.write(
+                f"Requeued {result.requeued}, dead-lettered {result.dead_lettered} payments."
+            )

@@ -1,0 +1,32 @@
+"""``manage.py sweep_due``: run the sweeper once, now (what beat does every second)."""
+
+import json
+
+from django.core.management.base import BaseCommand
+
+from payments.scheduling import sweep_due
+
+
+class Command(BaseCommand):
+    help = "Claim due payments and publish them to the partition queues."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--json", action="store_true")
+
+    def handle(self, *args, **options):
+        result = sweep_due()
+        summary = {
+            "claimed": result.claimed,
+            "messages": result.messages,
+            "batches": result.batches,
+            "backpressure": result.backpressure,
+            "seconds": round(result.seconds, 4),
+        }
+        if options["json"]:
+            self.stdout.write(json.dumps(summary))
+        else:
+            self.stdout.write(
+                f"Claimed {result.claimed} payments in {result.batches} batches, "
+                f"published {result.messages} messages in {result.seconds:.3f}s"
+                + (" (stopped: too many QUEUED)" if result.backpressure else "")
+            )

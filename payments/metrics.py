@@ -1,0 +1,57 @@
+"""Prometheus metrics of the payment engine (DESIGN §6).
+
+Counters and histograms are process-local; in Celery workers and gunicorn
+they are aggregated through prometheus_client's multiprocess mode when
+``PROMETHEUS_MULTIPROC_DIR`` is set (see README, Operations).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+LATENESS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+
+scheduled = Counter("payments_scheduled_total", "Payments scheduled through the API")
+executed = Counter("payments_executed_total", "Payments executed (COMPLETED)")
+failed = Counter("payments_failed_total", "Payments FAILED", ["error_code"])
+cancelled = Counter("payments_cancelled_total", "Payments cancelled", ["actor"])
+stale_deliveries = Counter(
+    "payments_stale_deliveries_total", "Chunk items skipped: old fence or no longer QUEUED"
+)
+lateness = Histogram(
+    "payments_lateness_seconds",
+    "executed_at - scheduled time of completed payments",
+    buckets=LATENESS_BUCKETS,
+)
+sweep_duration = Histogram(
+    "payments_sweep_duration_seconds",
+    "Duration of one sweeper run",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+sweep_batch_size = Histogram(
+    "payments_sweep_batch_size",
+    "Payments claimed per sweep statement",
+    buckets=(1, 10, 50, 100, 250, 500, 1000, 2000, 5000),
+)
+sweep_runs = Counter("payments_sweep_runs_total", "Sweeper runs")
+reaped = Counter("payments_reaped_leases_total", "Expired leases", ["outcome"])
+chunk_retries = Counter(
+    "payments_chunk_retries_total", "Executor chunk retries by error class", ["error_class"]
+)
+chunk_splits = Counter("payments_chunk_splits_total", "Chunks split to isolate a poison payment")
+pending = Gauge(
+    "payments_pending", "PENDING payments (set by the sweeper)", multiprocess_mode="liveall"
+)
+queued = Gauge(
+    "payments_queued", "QUEUED payments (set by the sweeper)", multiprocess_mode="liveall"
+)
+
+
+def record_chunk(result) -> None:
+    executed.inc(len(result.completed))
+    for code in result.failure_codes:
+        failed.labels(error_code=code).inc()
+    for seconds in result.lateness_seconds:
+        lateness.observe(max(seconds, 0.0))
+    if result.stale:
+        stale_deliveries.inc(len(result.stale))

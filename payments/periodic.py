@@ -1,0 +1,37 @@
+"""The beat schedule, stored in django-celery-beat's tables (visible and tunable in admin).
+
+Installed by migration ``payments.0002_periodic_tasks`` and re-applied by
+``manage.py install_periodic_tasks`` (idempotent: it resets interval and
+queue, keeps the enabled flag staff may have changed).
+"""
+
+from __future__ import annotations
+
+# name, task, every (seconds), expires (seconds): a beat message that could not
+# be consumed in time is dropped rather than piling up behind a busy worker.
+PERIODIC_TASKS = (
+    ("payments: sweep due payments", "payments.sweep", 1, 5),
+    ("payments: reap expired leases", "payments.reap_leases", 5, 10),
+    ("payments: purge expired idempotency keys", "payments.purge_idempotency_keys", 3600, 600),
+)
+
+
+def install_periodic_tasks(interval_model=None, task_model=None) -> list[str]:
+    if interval_model is None or task_model is None:
+        from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+        interval_model, task_model = IntervalSchedule, PeriodicTask
+    installed = []
+    for name, task, every, expires in PERIODIC_TASKS:
+        interval, _ = interval_model.objects.get_or_create(every=every, period="seconds")
+        task_model.objects.update_or_create(
+            name=name,
+            defaults={
+                "task": task,
+                "interval": interval,
+                "queue": "default",
+                "expire_seconds": expires,
+            },
+        )
+        installed.append(name)
+    return installed

@@ -1,0 +1,100 @@
+"""Celery tasks: thin wrappers that take ids and call services.
+
+Retry and split policy lives here (DESIGN §4.1): a chunk that hits a
+transient database error is retried with exponential backoff and jitter; after
+``PAYMENT_CHUNK_RETRIES`` it is split in halves, so one poison payment cannot
+hold back the rest. A single payment that keeps failing is left QUEUED: its
+lease expires and the reaper re-claims it, counting attempts, until it is
+dead-lettered.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+
+from celery import shared_task
+from django.conf import settings
+from django.db import DatabaseError, InterfaceError, OperationalError
+
+from . import execution, metrics, scheduling
+
+logger = logging.getLogger(__name__)
+
+TRANSIENT = (OperationalError, InterfaceError, DatabaseError)
+
+
+def backoff_seconds(retries: int) -> float:
+    """Exponential backoff with full jitter: uniform in [0, min(30, 0.2 * 2^n)]."""
+    return random.uniform(0, min(30.0, 0.2 * 2**retries))  # noqa: S311 - jitter, not crypto
+
+
+@shared_task(
+    name="payments.execute_chunk",
+    bind=True,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    max_retries=None,
+    ignore_result=True,
+)
+def execute_chunk(self, items: list[list]) -> dict:
+    try:
+        result = execution.execute_chunk([(pid, fence) for pid, fence in items])
+    except TRANSIENT as exc:
+        metrics.chunk_retries.labels(error_class=type(exc).__name__).inc()
+        retries = self.request.retries
+        if retries < settings.PAYMENT_CHUNK_RETRIES:
+            logger.warning(
+                "chunk of %s failed (%s); retry %s", len(items), type(exc).__name__, retries + 1
+            )
+            raise self.retry(exc=exc, countdown=backoff_seconds(retries)) from exc
+        if len(items) > 1:
+            metrics.chunk_splits.inc()
+            half = len(items) // 2
+            queue = scheduling.queue_name(
+                scheduling.partitions_of([items[0][0]]).get(items[0][0], 0)
+            )
+            for part in (items[:half], items[half:]):
+                execute_chunk.apply_async(args=[part], queue=queue)
+            logger.warning("chunk of %s kept failing; split in two", len(items))
+            return {"split": len(items)}
+        logger.error(
+            "payment %s keeps failing (%s); leaving it to the lease reaper",
+            items[0][0],
+            type(exc).__name__,
+        )
+        return {"gave_up": items[0][0]}
+    if result.not_due:
+        # Arrived early (publisher or worker clock ahead of the database):
+        # re-publish with the remaining time; same fence, still QUEUED.
+        scheduling.republish_not_due(result.not_due)
+    return {
+        "completed": len(result.completed),
+        "failed": len(result.failed),
+        "stale": len(result.stale),
+    }
+
+
+@shared_task(name="payments.sweep", ignore_result=True, acks_late=False)
+def sweep() -> dict:
+    result = scheduling.sweep_due()
+    metrics.sweep_runs.inc()
+    metrics.sweep_duration.observe(result.seconds)
+    for size in result.batch_sizes:
+        metrics.sweep_batch_size.observe(size)
+    return {"claimed": result.claimed, "messages": result.messages}
+
+
+@shared_task(name="payments.reap_leases", ignore_result=True, acks_late=False)
+def reap_leases() -> dict:
+    result = scheduling.reap_leases()
+    metrics.reaped.labels(outcome="requeued").inc(result.requeued)
+    metrics.reaped.labels(outcome="dead_lettered").inc(result.dead_lettered)
+    return {"requeued": result.requeued, "dead_lettered": result.dead_lettered}
+
+
+@shared_task(name="payments.purge_idempotency_keys", ignore_result=True)
+def purge_idempotency_keys() -> int:
+    from .idempotency import idempotency_purge_expired
+
+    return idempotency_purge_expired()
