@@ -1,0 +1,238 @@
+"""The durable timer in-process: sweep, lease, fence, executor, reaper (DESIGN §4.1)."""
+
+from datetime import timedelta
+
+import pytest
+from django.test import override_settings
+from django.utils import timezone
+
+from ledger import services as ledger
+from ledger.models import Account, JournalEntry
+from ledger.reconciliation import reconcile
+from payments import execution, scheduling
+from payments.models import Payment, PaymentAttempt, PaymentStatus
+from tests.payments.engine import capture_publish, make_due, sweep
+
+pytestmark = pytest.mark.django_db
+
+
+def schedule(client, n=1, **overrides):
+    return [client.schedule(**overrides).json()["payment_id"] for _ in range(n)]
+
+
+def balances(client):
+    return [Account.objects.get(pk=a.pk).balance for a in (client.account, client.other_account)]
+
+
+def test_sweep_claims_only_due_payments_and_publishes_to_partition_queue(alice, monkeypatch):
+    due = schedule(alice, 3)
+    future = schedule(alice, 1, delay_seconds=3600)
+    make_due(*due)
+    result, published = sweep(monkeypatch)
+    assert result.claimed == 3
+    partition = Payment.objects.get(pk=due[0]).partition
+    assert {queue for queue, _, _ in published} == {f"payments.p{partition:02d}"}
+    assert sorted(pid for pid, _ in published.items()) == sorted(due)
+    for pid, fence in published.items():
+        payment = Payment.objects.get(pk=pid)
+        assert payment.status == "QUEUED" and payment.fence == fence == 1
+        assert payment.attempts == 1 and payment.lease_expires_at > timezone.now()
+        assert payment.events.filter(type="queued", actor="system").count() == 1
+    assert Payment.objects.get(pk=future[0]).status == "PENDING"
+    assert sweep(monkeypatch)[0].claimed == 0  # nothing twice
+
+
+def test_lookahead_publishes_with_eta_not_early(alice, monkeypatch):
+    (pid,) = schedule(alice)
+    soon = timezone.now() + timedelta(milliseconds=600)
+    Payment.objects.filter(pk=pid).update(due_at=soon, run_at=soon)
+    result, published = sweep(monkeypatch)
+    assert result.claimed == 1
+    (_, _, countdown) = published[0]
+    assert 0.3 < countdown <= 0.6
+    # delivered now anyway (early): not executed, handed back
+    outcome = execution.execute_chunk(published.items())
+    assert outcome.completed == [] and [i[0] for i in outcome.not_due] == [pid]
+    assert Payment.objects.get(pk=pid).status == "QUEUED"
+    assert JournalEntry.objects.filter(reference=f"payment:{pid}").count() == 0
+
+
+def test_executor_moves_money_once_and_records_history(alice, monkeypatch):
+    ids = schedule(alice, 3, amount=100)
+    make_due(*ids)
+    _, published = sweep(monkeypatch)
+    outcome = execution.execute_chunk(published.items())
+    assert sorted(outcome.completed) == sorted(ids)
+    assert balances(alice) == [9_700, 300]
+    assert Account.objects.get(pk=alice.account.pk).held == 0
+    for pid in ids:
+        payment = Payment.objects.get(pk=pid)
+        assert payment.status == "COMPLETED" and payment.executed_at >= payment.due_at
+        assert payment.journal_entry.reference == f"payment:{pid}"
+        assert payment.hold.status == "captured"
+        attempt = PaymentAttempt.objects.get(payment=payment)
+        assert (attempt.number, attempt.fence, attempt.outcome) == (1, 1, "succeeded")
+        types = list(payment.events.order_by("pk").values_list("type", flat=True))
+        assert types == ["scheduled", "queued", "executed"]
+    # the same chunk delivered again: stale, nothing moves
+    again = execution.execute_chunk(published.items())
+    assert again.completed == [] and sorted(again.stale) == sorted(ids)
+    assert balances(alice) == [9_700, 300]
+    assert reconcile().ok
+
+
+def test_old_fence_after_reap_is_fenced_out(alice, monkeypatch):
+    (pid,) = schedule(alice)
+    make_due(pid)
+    _, first = sweep(monkeypatch)
+    Payment.objects.filter(pk=pid).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    assert scheduling.reap_leases().requeued == 1
+    payment = Payment.objects.get(pk=pid)
+    assert (payment.status, payment.fence) == ("PENDING", 2)
+    make_due(pid)
+    _, second = sweep(monkeypatch)
+    assert second.items() == [(pid, 3)]
+    assert execution.execute_chunk(first.items()).stale == [pid]  # old message
+    assert execution.execute_chunk(second.items()).completed == [pid]
+    assert execution.execute_chunk(second.items()).stale == [pid]  # duplicate
+    assert JournalEntry.objects.filter(reference=f"payment:{pid}").count() == 1
+
+
+def test_business_failure_fails_one_payment_and_releases_its_hold(alice, bob, monkeypatch):
+    good = schedule(alice, 2, amount=10)
+    (bad,) = schedule(alice, 1, amount=20, to_account_id=bob.account.pk)
+    ledger.account_set_status(account_id=bob.account.pk, status="frozen")
+    make_due(*good, bad)
+    _, published = sweep(monkeypatch)
+    outcome = execution.execute_chunk(published.items())
+    assert sorted(outcome.completed) == sorted(good) and outcome.failed == [bad]
+    payment = Payment.objects.get(pk=bad)
+    assert (payment.status, payment.error_code) == ("FAILED", "account_not_active")
+    assert payment.hold.status == "released" and payment.journal_entry is None
+    assert Account.objects.get(pk=alice.account.pk).held == 0
+    assert balances(alice) == [9_980, 20]
+    assert reconcile().ok
+
+
+def test_cancelled_while_queued_is_skipped(alice, monkeypatch):
+    (pid,) = schedule(alice)
+    make_due(pid)
+    _, published = sweep(monkeypatch)
+    assert alice.api.delete(f"/api/v1/payments/{pid}/cancel").status_code == 200
+    assert execution.execute_chunk(published.items()).stale == [pid]
+    assert balances(alice) == [10_000, 0]
+    assert Payment.objects.get(pk=pid).status == "CANCELLED"
+
+
+@override_settings(PAYMENT_MAX_ATTEMPTS=2)
+def test_dead_letter_after_max_attempts(alice, monkeypatch):
+    (pid,) = schedule(alice, amount=500)
+    for _ in range(2):
+        make_due(pid)
+        sweep(monkeypatch)
+        Payment.objects.filter(pk=pid).update(
+            lease_expires_at=timezone.now() - timedelta(seconds=1)
+        )
+        scheduling.reap_leases()
+    payment = Payment.objects.get(pk=pid)
+    assert (payment.status, payment.error_code, payment.attempts) == (
+        "FAILED",
+        "max_attempts_exceeded",
+        2,
+    )
+    assert payment.hold.status == "released"
+    assert Account.objects.get(pk=alice.account.pk).held == 0
+    types = list(payment.events.order_by("pk").values_list("type", flat=True))
+    assert types == ["scheduled", "queued", "lease_expired", "queued", "dead_lettered"]
+
+
+def test_reaper_backs_off_repeated_failures(alice, monkeypatch):
+    (pid,) = schedule(alice)
+    make_due(pid, seconds_ago=100)
+    sweep(monkeypatch)
+    Payment.objects.filter(pk=pid).update(
+        attempts=3, lease_expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    scheduling.reap_leases()
+    payment = Payment.objects.get(pk=pid)
+    assert payment.run_at > timezone.now() + timedelta(seconds=3)  # 2^(3-1) s
+    assert payment.due_at < timezone.now()
+
+
+def test_chunking_by_partition_size_and_spread(settings):
+    settings.PAYMENT_CHUNK_SIZE = 2
+    settings.PAYMENT_CHUNK_SPREAD_MS = 50
+    t0 = timezone.now()
+    claims = [
+        scheduling.Claimed("a", 1, 0, t0),
+        scheduling.Claimed("b", 1, 0, t0 + timedelta(milliseconds=10)),
+        scheduling.Claimed("c", 1, 0, t0 + timedelta(milliseconds=20)),
+        scheduling.Claimed("d", 1, 0, t0 + timedelta(milliseconds=500)),
+        scheduling.Claimed("e", 1, 3, t0),
+    ]
+    chunks = [
+        (p, eta, [c.payment_id for c in chunk]) for p, eta, chunk in scheduling.chunk_claims(claims)
+    ]
+    assert chunks == [
+        (0, t0 + timedelta(milliseconds=10), ["a", "b"]),
+        (0, t0 + timedelta(milliseconds=20), ["c"]),
+        (0, t0 + timedelta(milliseconds=500), ["d"]),
+        (3, t0, ["e"]),
+    ]
+
+
+def test_backpressure_stops_claiming(alice, monkeypatch, settings):
+    settings.PAYMENT_MAX_QUEUED = 2
+    ids = schedule(alice, 3)
+    make_due(*ids)
+    result, _ = sweep(monkeypatch)
+    assert result.claimed == 2
+    assert sweep(monkeypatch)[0].backpressure
+
+
+def test_internal_execute_endpoint(alice, settings, monkeypatch):
+    settings.INTERNAL_API_TOKEN = "s3cret"
+    (pid,) = schedule(alice, amount=40)
+    url = f"/api/v1/internal/payments/{pid}/execute"
+    api = alice.api.__class__()
+    body = {"execution_id": "op-1"}
+    assert api.post(url, body, format="json").status_code == 404
+    assert (
+        api.post(url, body, format="json", headers={"X-Internal-Auth": "nope"}).status_code == 404
+    )
+    auth = {"X-Internal-Auth": "s3cret"}
+    response = api.post(url, body, format="json", headers=auth)
+    assert response.status_code == 409 and response.json()["error"]["code"] == "payment_not_due"
+    make_due(pid)
+    response = api.post(url, body, format="json", headers=auth)
+    assert response.status_code == 200
+    assert response.json()["status"] == "COMPLETED" and response.json()["execution_id"] == "op-1"
+    again = api.post(url, body, format="json", headers=auth)
+    assert again.status_code == 200 and again.json()["status"] == "COMPLETED"
+    assert JournalEntry.objects.filter(reference=f"payment:{pid}").count() == 1
+    assert balances(alice) == [9_960, 40]
+
+
+def test_management_commands(alice, monkeypatch):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    capture_publish(monkeypatch)
+    ids = schedule(alice, 2)
+    make_due(*ids)
+    out = StringIO()
+    call_command("sweep_due", "--json", stdout=out)
+    assert '"claimed": 2' in out.getvalue()
+    Payment.objects.update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    out = StringIO()
+    call_command("reap_leases", "--json", stdout=out)
+    assert '"requeued": 2' in out.getvalue()
+    assert set(Payment.objects.values_list("status", flat=True)) == {PaymentStatus.PENDING}
+
+
+def test_periodic_tasks_installed_by_migration():
+    from django_celery_beat.models import PeriodicTask
+
+    tasks = dict(PeriodicTask.objects.values_list("task", "interval__every"))
+    assert tasks["payments.sweep"] == 1 and tasks["payments.reap_leases"] == 5
