@@ -1,0 +1,116 @@
+"""Cancel racing execution, with real threads on PostgreSQL."""
+
+import threading
+import uuid
+
+import pytest
+from django.db import connection, transaction
+
+from ledger.models import Account, Hold, JournalEntry
+from ledger.reconciliation import reconcile
+from payments import execution, scheduling, services
+from payments.clock import db_now
+from payments.exceptions import PaymentNotCancellable
+from payments.models import Payment
+from tests.factories import AccountFactory, UserFactory
+from tests.payments.engine import bulk_schedule
+
+TRIALS = 60
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cancel_racing_execution_is_one_or_the_other():
+    owner = UserFactory()
+    source = AccountFactory(owner=owner, funded=100_000).pk
+    target = AccountFactory().pk
+    ids = bulk_schedule(
+        sources=[source], targets=[target], count=TRIALS, amount=10, due_at=db_now()
+    )
+    with transaction.atomic():
+        claims = {c.payment_id: c.fence for c in scheduling._claim_batch(TRIALS)}
+    outcomes = {"cancelled": 0, "completed": 0}
+    errors = []
+
+    for pid in ids:
+        barrier = threading.Barrier(2)
+
+        def execute(pid=pid, barrier=barrier):
+            try:
+                barrier.wait()
+                execution.execute_chunk([(pid, claims[pid])])
+            except Exception as exc:
+                errors.append(exc)
+            finally:
+                connection.close()
+
+        def cancel(pid=pid, barrier=barrier):
+            try:
+                barrier.wait()
+                services.payment_cancel(payment_id=pid, client=owner, actor_user=owner)
+            except PaymentNotCancellable:
+                pass
+            except Exception as exc:
+                errors.append(exc)
+            finally:
+                connection.close()
+
+        threads = [threading.Thread(target=execute), threading.Thread(target=cancel)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+
+        payment = Payment.objects.get(pk=pid)
+        entries = JournalEntry.objects.filter(reference=f"payment:{pid}").count()
+        hold = Hold.objects.get(pk=payment.hold_id)
+        if payment.status == "CANCELLED":
+            assert (entries, hold.status, payment.journal_entry_id) == (0, "released", None)
+            outcomes["cancelled"] += 1
+        else:
+            assert payment.status == "COMPLETED"
+            assert (entries, hold.status) == (1, "captured")
+            outcomes["completed"] += 1
+
+    assert errors == []
+    assert sum(outcomes.values()) == TRIALS
+    done = outcomes["completed"]
+    assert Account.objects.get(pk=target).balance == 10 * done
+    assert Account.objects.get(pk=source).held == 0
+    assert reconcile().ok
+    print(outcomes)
+
+
+@pytest.mark.django_db
+def test_transient_errors_retry_then_split_to_isolate_a_poison_payment(monkeypatch, settings):
+    from django.db import OperationalError
+
+    from payments import tasks
+
+    settings.PAYMENT_CHUNK_RETRIES = 2
+    good1, poison, good2, good3 = (str(uuid.uuid4()) for _ in range(4))
+    items = [[good1, 1], [poison, 1], [good2, 1], [good3, 1]]
+    calls = []
+
+    def flaky(chunk, **kwargs):
+        calls.append([pid for pid, _ in chunk])
+        if any(pid == poison for pid, _ in chunk):
+            raise OperationalError("server closed the connection unexpectedly")
+        return execution.ChunkResult(completed=[pid for pid, _ in chunk])
+
+    published = []
+    monkeypatch.setattr(execution, "execute_chunk", flaky)
+    monkeypatch.setattr(tasks, "backoff_seconds", lambda retries: 0)
+    monkeypatch.setattr(
+        tasks.execute_chunk, "apply_async", lambda args, queue, **kw: published.append(args[0])
+    )
+    result = tasks.execute_chunk.apply(args=[items])  # eager: retries run inline
+    assert result.result == {"split": 4}
+    assert len(calls) == 3  # first try + 2 retries
+    assert published == [items[:2], items[2:]]
+    # the half with the poison keeps splitting down to the poison alone
+    published.clear()
+    calls.clear()
+    assert tasks.execute_chunk.apply(args=[items[:2]]).result == {"split": 2}
+    assert published == [[items[0]], [items[1]]]
+    assert tasks.execute_chunk.apply(args=[[items[1]]]).result == {"gave_up": poison}
+    assert tasks.execute_chunk.apply(args=[items[2:]]).result["completed"] == 2
