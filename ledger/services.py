@@ -24,6 +24,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from .db import bulk_update_rows
 from .exceptions import (
     AccountNotActive,
     AccountNotFound,
@@ -313,11 +314,9 @@ class LedgerBatch:
         if self._new_holds:
             Hold.objects.bulk_create(self._new_holds)
         if self._changed_holds:
-            Hold.objects.bulk_update(
-                list(self._changed_holds.values()), ["status", "entry", "resolved_at"]
-            )
+            bulk_update_rows(list(self._changed_holds.values()), ["status", "entry", "resolved_at"])
         if self._changed_accounts:
-            Account.objects.bulk_update(
+            bulk_update_rows(
                 [self.accounts[aid] for aid in sorted(self._changed_accounts)],
                 ["balance", "held", "version", "updated_at"],
             )

@@ -29,6 +29,7 @@ from datetime import datetime
 
 from django.db import transaction
 
+from ledger.db import bulk_update_rows
 from ledger.exceptions import DuplicateReference, LedgerError
 from ledger.models import HoldStatus, JournalEntry
 from ledger.services import LedgerBatch
@@ -151,7 +152,7 @@ def _run(due, now, worker, result, attempts, events) -> None:
             )
         )
     batch.flush()
-    Payment.objects.bulk_update(
+    bulk_update_rows(
         due,
         [
             "status",
