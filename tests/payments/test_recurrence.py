@@ -1,0 +1,137 @@
+"""Calendar policies of recurring schedules (pure functions, no database)."""
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from payments.recurrence import InvalidSchedule, Spec, upcoming, validate_cron, zone
+
+NY = "America/New_York"
+
+
+def utc(*args):
+    return datetime(*args, tzinfo=UTC)
+
+
+def local_strings(instants, tz):
+    return [i.astimezone(zone(tz)).strftime("%Y-%m-%d %H:%M %Z") for i in instants]
+
+
+def spec(cron, tz=NY, start=utc(2026, 1, 1), **policy):
+    return Spec(cron=cron, interval_seconds=None, timezone=tz, start_time=start, **policy)
+
+
+def test_spring_forward_shift_runs_at_first_valid_time_after_the_gap():
+    s = spec("30 2 * * *", nonexistent="shift")
+    runs = upcoming(s, after=utc(2026, 3, 7, 12), count=3)
+    assert local_strings(runs, NY) == [
+        "2026-03-08 03:00 EDT",  # 02:30 does not exist on 8 March
+        "2026-03-09 02:30 EDT",
+        "2026-03-10 02:30 EDT",
+    ]
+    assert runs[0] == utc(2026, 3, 8, 7, 0)
+
+
+def test_spring_forward_skip_drops_the_day():
+    s = spec("30 2 * * *", nonexistent="skip")
+    runs = upcoming(s, after=utc(2026, 3, 7, 12), count=2)
+    assert local_strings(runs, NY) == ["2026-03-09 02:30 EDT", "2026-03-10 02:30 EDT"]
+
+
+@pytest.mark.parametrize(
+    ("ambiguous", "expected"),
+    [
+        ("first", ["2026-11-01 01:30 EDT", "2026-11-02 01:30 EST"]),
+        ("last", ["2026-11-01 01:30 EST", "2026-11-02 01:30 EST"]),
+        ("both", ["2026-11-01 01:30 EDT", "2026-11-01 01:30 EST", "2026-11-02 01:30 EST"]),
+    ],
+)
+def test_fall_back_repeated_time(ambiguous, expected):
+    s = spec("30 1 * * *", ambiguous=ambiguous)
+    runs = upcoming(s, after=utc(2026, 10, 31, 12), count=len(expected))
+    assert local_strings(runs, NY) == expected
+
+
+def test_fall_back_both_resumes_correctly_between_the_two_instants():
+    s = spec("30 1 * * *", ambiguous="both")
+    first = utc(2026, 11, 1, 5, 30)  # 01:30 EDT
+    assert upcoming(s, after=first, count=1) == [utc(2026, 11, 1, 6, 30)]  # 01:30 EST
+
+
+def test_europe_london_daily_at_0130():
+    s = spec("30 1 * * *", tz="Europe/London", start=utc(2026, 3, 1), nonexistent="shift")
+    runs = upcoming(s, after=utc(2026, 3, 28, 12), count=2)
+    # 29 March 2026: clocks go 01:00 GMT -> 02:00 BST, 01:30 does not exist
+    assert local_strings(runs, "Europe/London") == ["2026-03-29 02:00 BST", "2026-03-30 01:30 BST"]
+    s = spec("30 1 * * *", tz="Europe/London", start=utc(2026, 3, 1), ambiguous="last")
+    runs = upcoming(s, after=utc(2026, 10, 24, 12), count=1)
+    # 25 October 2026: 01:30 happens in BST then GMT
+    assert local_strings(runs, "Europe/London") == ["2026-10-25 01:30 GMT"]
+
+
+@pytest.mark.parametrize(("year", "day"), [(2028, 29), (2027, 28)])
+def test_last_day_of_february_leap_and_non_leap(year, day):
+    s = spec("0 9 L * *", tz="UTC", start=utc(year, 1, 1))
+    runs = upcoming(s, after=utc(year, 1, 31, 12), count=2)
+    assert runs == [utc(year, 2, day, 9), utc(year, 3, 31, 9)]
+
+
+def test_monthly_on_the_31st_only_runs_in_months_that_have_one():
+    s = spec("0 12 31 * *", tz="UTC", start=utc(2026, 1, 1))
+    runs = upcoming(s, after=utc(2026, 1, 1), count=4)
+    assert [r.month for r in runs] == [1, 3, 5, 7]
+
+
+def test_interval_schedule_and_end_time():
+    s = Spec(
+        cron=None,
+        interval_seconds=3600,
+        timezone="UTC",
+        start_time=utc(2026, 1, 1),
+        end_time=utc(2026, 1, 1, 2),
+    )
+    assert upcoming(s, after=None, count=10) == [
+        utc(2026, 1, 1, 0),
+        utc(2026, 1, 1, 1),
+        utc(2026, 1, 1, 2),
+    ]
+    assert upcoming(s, after=utc(2026, 1, 1, 0, 30), count=10) == [
+        utc(2026, 1, 1, 1),
+        utc(2026, 1, 1, 2),
+    ]
+
+
+def test_cron_starts_at_start_time_inclusive():
+    s = spec("0 9 * * *", tz="UTC", start=utc(2026, 5, 1, 9))
+    assert upcoming(s, after=None, count=1) == [utc(2026, 5, 1, 9)]
+
+
+@pytest.mark.parametrize("expr", ["* * * *", "61 * * * *", "0 9 * * * *", "nonsense"])
+def test_invalid_cron(expr):
+    with pytest.raises(InvalidSchedule):
+        validate_cron(expr)
+
+
+def test_unknown_zone():
+    with pytest.raises(InvalidSchedule):
+        zone("Mars/Olympus_Mons")
+
+
+@given(
+    cron=st.sampled_from(["*/30 * * * *", "0 * * * *", "30 2 * * *", "30 1 * * *", "0 0 L * *"]),
+    tz=st.sampled_from([NY, "Europe/London", "Australia/Lord_Howe", "UTC"]),
+    nonexistent=st.sampled_from(["shift", "skip"]),
+    ambiguous=st.sampled_from(["first", "last", "both"]),
+    offset_hours=st.integers(min_value=0, max_value=24 * 400),
+)
+def test_occurrences_are_strictly_increasing_and_resumable(cron, tz, nonexistent, ambiguous, offset_hours):
+    s = spec(cron, tz=tz, nonexistent=nonexistent, ambiguous=ambiguous)
+    after = utc(2026, 1, 1) + timedelta(hours=offset_hours)
+    runs = upcoming(s, after=after, count=6)
+    assert all(a < b for a, b in zip(runs, runs[1:], strict=False))
+    assert all(r > after for r in runs)
+    # resuming from any occurrence gives the same continuation
+    for i in range(len(runs) - 1):
+        assert upcoming(s, after=runs[i], count=1) == [runs[i + 1]]
