@@ -34,6 +34,7 @@ from ledger.exceptions import DuplicateReference, LedgerError
 from ledger.models import HoldStatus, JournalEntry
 from ledger.services import LedgerBatch
 
+from . import webhooks
 from .clock import db_now
 from .models import Actor, AttemptOutcome, Payment, PaymentAttempt, PaymentEvent, PaymentStatus
 
@@ -152,6 +153,15 @@ def _run(due, now, worker, result, attempts, events) -> None:
             )
         )
     batch.flush()
+    webhooks.emit(
+        (
+            owner,
+            "payment.completed" if p.status == PaymentStatus.COMPLETED else "payment.failed",
+            webhooks.payment_data(p),
+        )
+        for p in due
+        if (owner := batch.accounts[p.from_account_id].owner_id) is not None
+    )
     bulk_update_rows(
         due,
         [

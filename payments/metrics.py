@@ -55,3 +55,11 @@ def record_chunk(result) -> None:
         lateness.observe(max(seconds, 0.0))
     if result.stale:
         stale_deliveries.inc(len(result.stale))
+
+
+webhook_deliveries = Counter(
+    "payments_webhook_deliveries_total", "Webhook delivery attempts by outcome", ["outcome"]
+)
+recurring_occurrences = Counter(
+    "payments_recurring_occurrences_total", "Recurring occurrences handled", ["status"]
+)

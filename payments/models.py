@@ -66,6 +66,13 @@ class Payment(models.Model):
     )
     error_code = models.CharField(max_length=64, blank=True)
     error_message = models.CharField(max_length=255, blank=True)
+    recurring = models.ForeignKey(
+        "RecurringPayment",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="payments",
+    )
     created_at = models.DateTimeField(db_default=Now(), editable=False)
     updated_at = models.DateTimeField(db_default=Now())
     executed_at = models.DateTimeField(null=True, blank=True)
@@ -220,3 +227,174 @@ class IdempotencyKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key} ({self.status})"
+
+
+class RecurringStatus(models.TextChoices):
+    ACTIVE = "active", "Active"
+    PAUSED = "paused", "Paused"
+    ENDED = "ended", "Ended"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+class RecurringPayment(models.Model):
+    """A schedule producing one ordinary payment per occurrence (DESIGN §4.2).
+
+    ``last_occurrence_at`` is the cursor: the latest occurrence instant already
+    handled (materialised, failed or skipped); ``next_run_at`` the next planned
+    one (None once the schedule has ended).
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    from_account = models.ForeignKey("ledger.Account", on_delete=models.PROTECT, related_name="+")
+    to_account = models.ForeignKey("ledger.Account", on_delete=models.PROTECT, related_name="+")
+    amount = models.BigIntegerField()
+    description = models.CharField(max_length=255, blank=True)
+    cron = models.CharField(max_length=100, blank=True)
+    interval_seconds = models.PositiveIntegerField(null=True, blank=True)
+    timezone = models.CharField(max_length=64, default="UTC")
+    start_time = models.DateTimeField()
+    end_time = models.DateTimeField(null=True, blank=True)
+    max_occurrences = models.PositiveIntegerField(null=True, blank=True)
+    jitter_seconds = models.PositiveIntegerField(default=0)
+    dst_nonexistent = models.CharField(max_length=8, default="shift")
+    dst_ambiguous = models.CharField(max_length=8, default="first")
+    missed_run_policy = models.CharField(max_length=8, default="skip")
+    max_catch_up = models.PositiveIntegerField(default=10)
+    max_consecutive_failures = models.PositiveIntegerField(default=3)
+    status = models.CharField(
+        max_length=16, choices=RecurringStatus.choices, default=RecurringStatus.ACTIVE
+    )
+    status_reason = models.CharField(max_length=255, blank=True)
+    last_occurrence_at = models.DateTimeField(null=True, blank=True)
+    next_run_at = models.DateTimeField(null=True, blank=True)
+    occurrences_run = models.PositiveIntegerField(default=0)
+    consecutive_failures = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(amount__gt=0), name="recurring_amount_positive"),
+            models.CheckConstraint(
+                condition=(Q(cron="") & Q(interval_seconds__isnull=False))
+                | (~Q(cron="") & Q(interval_seconds__isnull=True)),
+                name="recurring_cron_xor_interval",
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["next_run_at"],
+                condition=Q(status="active"),
+                name="recurring_active_next_run",
+            ),
+            models.Index(fields=["from_account", "-created_at"], name="recurring_by_account"),
+        ]
+
+    def __str__(self) -> str:
+        return f"recurring {self.pk} {self.cron or f'every {self.interval_seconds}s'}"
+
+
+class OccurrenceStatus(models.TextChoices):
+    SCHEDULED = "scheduled", "Scheduled (payment created)"
+    FAILED = "failed", "Failed (not funded)"
+    SKIPPED = "skipped", "Skipped"
+
+
+class RecurringOccurrence(models.Model):
+    """One occurrence of a schedule and what became of it.
+
+    UNIQUE (recurring, scheduled_for): two materialisers can never create the
+    same occurrence twice, whatever their timing.
+    """
+
+    recurring = models.ForeignKey(
+        RecurringPayment, on_delete=models.PROTECT, related_name="occurrences"
+    )
+    scheduled_for = models.DateTimeField()
+    status = models.CharField(max_length=16, choices=OccurrenceStatus.choices)
+    reason = models.CharField(max_length=64, blank=True)
+    payment = models.OneToOneField(
+        Payment, null=True, blank=True, on_delete=models.PROTECT, related_name="occurrence"
+    )
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["recurring", "scheduled_for"], name="recurring_occurrence_unique"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.recurring_id} @ {self.scheduled_for:%Y-%m-%d %H:%M}Z {self.status}"
+
+
+class WebhookEndpoint(models.Model):
+    """A client's URL for event notifications, signed with ``secret``."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    client = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="webhook_endpoints"
+    )
+    url = models.URLField(max_length=500)
+    secret = models.CharField(max_length=100)
+    event_types = models.JSONField(default=list)
+    is_active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    def __str__(self) -> str:
+        return self.url
+
+
+class DeliveryStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed (gave up)"
+
+
+class WebhookDelivery(models.Model):
+    """One event for one endpoint: written in the transaction that caused the event
+    (an outbox), so a rolled-back change never sends anything."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    endpoint = models.ForeignKey(
+        WebhookEndpoint, on_delete=models.CASCADE, related_name="deliveries"
+    )
+    event_type = models.CharField(max_length=64)
+    payload = models.JSONField()
+    status = models.CharField(
+        max_length=16, choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING
+    )
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(db_default=Now())
+    last_status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    last_error = models.CharField(max_length=255, blank=True)
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name_plural = "webhook deliveries"
+        indexes = [
+            models.Index(
+                fields=["next_attempt_at"],
+                condition=Q(status="pending"),
+                name="webhook_pending_next_attempt",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.event_type} → {self.endpoint_id} ({self.status})"
+
+
+class WebhookAttempt(models.Model):
+    delivery = models.ForeignKey(
+        WebhookDelivery, on_delete=models.CASCADE, related_name="attempt_log"
+    )
+    number = models.PositiveIntegerField()
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    error = models.CharField(max_length=255, blank=True)
+    duration_ms = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    def __str__(self) -> str:
+        return f"attempt {self.number}: {self.status_code or self.error}"

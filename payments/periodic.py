@@ -12,6 +12,8 @@ from __future__ import annotations
 PERIODIC_TASKS = (
     ("payments: sweep due payments", "payments.sweep", 1, 5),
     ("payments: reap expired leases", "payments.reap_leases", 5, 10),
+    ("payments: materialise recurring occurrences", "payments.materialize_recurring", 5, 10),
+    ("payments: retry due webhooks", "payments.retry_webhooks", 10, 20),
     ("payments: purge expired idempotency keys", "payments.purge_idempotency_keys", 3600, 600),
 )
 
@@ -35,3 +37,11 @@ def install_periodic_tasks(interval_model=None, task_model=None) -> list[str]:
         )
         installed.append(name)
     return installed
+
+
+def install_from_migration(apps, schema_editor) -> None:
+    """RunPython entry point: use the historical models of the migration state."""
+    install_periodic_tasks(
+        apps.get_model("django_celery_beat", "IntervalSchedule"),
+        apps.get_model("django_celery_beat", "PeriodicTask"),
+    )

@@ -55,7 +55,9 @@ def _exists(local: datetime, tz: ZoneInfo) -> bool:
     return aware.astimezone(UTC).astimezone(tz).replace(tzinfo=None) == local
 
 
-def resolve_local(local: datetime, tz: ZoneInfo, *, nonexistent: str, ambiguous: str) -> list[datetime]:
+def resolve_local(
+    local: datetime, tz: ZoneInfo, *, nonexistent: str, ambiguous: str
+) -> list[datetime]:
     """UTC instants for a naive local wall time under the DST policies (maybe none)."""
     earlier = local.replace(tzinfo=tz, fold=0).astimezone(UTC)
     later = local.replace(tzinfo=tz, fold=1).astimezone(UTC)

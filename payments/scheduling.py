@@ -26,6 +26,7 @@ from django.db.models import F
 
 from ledger.services import LedgerBatch
 
+from . import webhooks
 from .clock import db_now
 from .models import Actor, Payment, PaymentEvent, PaymentStatus
 
@@ -358,4 +359,7 @@ def _dead_letter(payment_id) -> bool:
             fence=payment.fence,
             data={"attempts": payment.attempts},
         )
+        owner = payment.from_account.owner_id
+        if owner is not None:
+            webhooks.emit([(owner, "payment.failed", webhooks.payment_data(payment))])
     return True

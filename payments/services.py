@@ -22,7 +22,7 @@ from ledger.exceptions import AccountNotActive, AccountNotFound
 from ledger.models import Account, AccountStatus
 from ledger.services import LedgerBatch
 
-from . import metrics
+from . import metrics, webhooks
 from .clock import db_now
 from .exceptions import InvalidRequest, NotFound, PaymentNotCancellable, PaymentNotModifiable
 from .models import (
@@ -221,6 +221,9 @@ def payment_cancel(
         _event(
             payment, "cancelled", from_status=previous, actor=actor, actor_user=actor_user, **data
         ).save()
+        webhooks.emit(
+            [(payment.from_account.owner_id, "payment.cancelled", webhooks.payment_data(payment))]
+        )
         transaction.on_commit(lambda: metrics.cancelled.labels(actor=actor).inc())
     return payment
 

@@ -98,3 +98,35 @@ def purge_idempotency_keys() -> int:
     from .idempotency import idempotency_purge_expired
 
     return idempotency_purge_expired()
+
+
+@shared_task(name="payments.deliver_webhook", ignore_result=True, acks_late=True)
+def deliver_webhook(delivery_id: str) -> str | None:
+    from . import webhooks
+
+    status = webhooks.deliver(delivery_id)
+    if status == "pending":
+        delay = webhooks.backoff(
+            webhooks.WebhookDelivery.objects.get(pk=delivery_id).attempts
+        ).total_seconds()
+        deliver_webhook.apply_async(args=[delivery_id], queue="webhooks", countdown=delay)
+    return status
+
+
+@shared_task(name="payments.retry_webhooks", ignore_result=True)
+def retry_webhooks() -> int:
+    """Beat safety net: (re)send pending deliveries whose time has come."""
+    from . import webhooks
+
+    ids = webhooks.due_delivery_ids()
+    for delivery_id in ids:
+        deliver_webhook.apply_async(args=[delivery_id], queue="webhooks")
+    return len(ids)
+
+
+@shared_task(name="payments.materialize_recurring", ignore_result=True)
+def materialize_recurring() -> dict:
+    from . import recurring
+
+    result = recurring.materialize_due()
+    return {"scheduled": result.scheduled, "failed": result.failed, "skipped": result.skipped}

@@ -1,13 +1,6 @@
 from django.db import migrations
 
-
-def install(apps, schema_editor):
-    from payments.periodic import install_periodic_tasks
-
-    install_periodic_tasks(
-        apps.get_model("django_celery_beat", "IntervalSchedule"),
-        apps.get_model("django_celery_beat", "PeriodicTask"),
-    )
+from payments.periodic import install_from_migration
 
 
 def uninstall(apps, schema_editor):
@@ -23,4 +16,4 @@ class Migration(migrations.Migration):
         ("django_celery_beat", "0019_alter_periodictasks_options"),
     ]
 
-    operations = [migrations.RunPython(install, uninstall)]
+    operations = [migrations.RunPython(install_from_migration, uninstall)]

@@ -235,6 +235,7 @@ CELERY_TASK_QUEUES = {
         f"payments.p{n:02d}": {"exchange": "payments", "routing_key": f"payments.p{n:02d}"}
         for n in range(PAYMENT_PARTITIONS)
     },
+    "webhooks": {"exchange": "webhooks", "routing_key": "webhooks"},
 }
 CELERY_TASK_CREATE_MISSING_QUEUES = True
 
@@ -260,6 +261,16 @@ PAYMENT_MAX_QUEUED = env.int("PAYMENT_MAX_QUEUED", default=50_000)
 PAYMENT_MAX_ATTEMPTS = env.int("PAYMENT_MAX_ATTEMPTS", default=5)
 # Executor retries of a chunk on transient database errors before splitting it.
 PAYMENT_CHUNK_RETRIES = env.int("PAYMENT_CHUNK_RETRIES", default=3)
+# Recurring payments: occurrences are materialised (hold placed, payment
+# created) this long before they are due; an occurrence whose time passed more
+# than the grace ago when it is first handled was missed (service down) and
+# follows the schedule's missed-run policy.
+RECURRING_MATERIALIZE_AHEAD_SECONDS = env.int("RECURRING_MATERIALIZE_AHEAD_SECONDS", default=60)
+RECURRING_MISSED_GRACE_SECONDS = env.int("RECURRING_MISSED_GRACE_SECONDS", default=60)
+# Webhooks: tries per delivery, first retry delay (doubling, capped at 1 h), HTTP timeout.
+WEBHOOK_MAX_ATTEMPTS = env.int("WEBHOOK_MAX_ATTEMPTS", default=8)
+WEBHOOK_BACKOFF_SECONDS = env.float("WEBHOOK_BACKOFF_SECONDS", default=5.0)
+WEBHOOK_TIMEOUT_SECONDS = env.float("WEBHOOK_TIMEOUT_SECONDS", default=5.0)
 # Shared secret for POST /api/v1/internal/payments/{id}/execute (unset = disabled).
 INTERNAL_API_TOKEN = env.str("INTERNAL_API_TOKEN", default="")
 

@@ -1,5 +1,6 @@
 """Calendar policies of recurring schedules (pure functions, no database)."""
 
+import itertools
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -19,7 +20,10 @@ def local_strings(instants, tz):
     return [i.astimezone(zone(tz)).strftime("%Y-%m-%d %H:%M %Z") for i in instants]
 
 
-def spec(cron, tz=NY, start=utc(2026, 1, 1), **policy):
+JAN_1 = utc(2026, 1, 1)
+
+
+def spec(cron, tz=NY, start=JAN_1, **policy):
     return Spec(cron=cron, interval_seconds=None, timezone=tz, start_time=start, **policy)
 
 
@@ -126,11 +130,13 @@ def test_unknown_zone():
     ambiguous=st.sampled_from(["first", "last", "both"]),
     offset_hours=st.integers(min_value=0, max_value=24 * 400),
 )
-def test_occurrences_are_strictly_increasing_and_resumable(cron, tz, nonexistent, ambiguous, offset_hours):
+def test_occurrences_are_strictly_increasing_and_resumable(
+    cron, tz, nonexistent, ambiguous, offset_hours
+):
     s = spec(cron, tz=tz, nonexistent=nonexistent, ambiguous=ambiguous)
     after = utc(2026, 1, 1) + timedelta(hours=offset_hours)
     runs = upcoming(s, after=after, count=6)
-    assert all(a < b for a, b in zip(runs, runs[1:], strict=False))
+    assert all(a < b for a, b in itertools.pairwise(runs))
     assert all(r > after for r in runs)
     # resuming from any occurrence gives the same continuation
     for i in range(len(runs) - 1):
