@@ -59,6 +59,11 @@ def payment_list(
         qs = qs.filter(from_account_id=account_id)
     if status:
         qs = qs.filter(status=status)
+    return newest_first_page(qs, cursor=cursor, limit=limit)
+
+
+def newest_first_page(qs: QuerySet, *, cursor: str | None, limit: int) -> tuple[list, str | None]:
+    """Keyset page on ``(created_at, id)`` descending (UUID primary keys)."""
     if cursor:
         created_raw, id_raw = decode_cursor(cursor, 2)
         try:

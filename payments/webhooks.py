@@ -216,3 +216,36 @@ def payment_data(payment) -> dict:
         "error_code": payment.error_code or None,
         "recurring_payment_id": str(payment.recurring_id) if payment.recurring_id else None,
     }
+
+
+# --- endpoint services ------------------------------------------------------------
+
+
+def endpoint_create(*, client, url: str, event_types: list[str]) -> WebhookEndpoint:
+    return WebhookEndpoint.objects.create(
+        client=client, url=url, secret=new_secret(), event_types=sorted(set(event_types))
+    )
+
+
+def endpoint_get(*, client, endpoint_id) -> WebhookEndpoint:
+    from .exceptions import NotFound
+
+    endpoint = WebhookEndpoint.objects.filter(client=client, pk=endpoint_id).first()
+    if endpoint is None:
+        raise NotFound(f"Webhook endpoint {endpoint_id} not found.")
+    return endpoint
+
+
+def endpoint_update(*, client, endpoint_id, **changes) -> WebhookEndpoint:
+    with transaction.atomic():
+        endpoint = endpoint_get(client=client, endpoint_id=endpoint_id)
+        if "event_types" in changes:
+            changes["event_types"] = sorted(set(changes["event_types"]))
+        for name, value in changes.items():
+            setattr(endpoint, name, value)
+        endpoint.save(update_fields=list(changes))
+    return endpoint
+
+
+def endpoint_delete(*, client, endpoint_id) -> None:
+    endpoint_get(client=client, endpoint_id=endpoint_id).delete()

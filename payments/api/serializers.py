@@ -8,6 +8,7 @@ from django.utils.dateparse import parse_datetime
 from rest_framework import serializers
 
 from ..models import PaymentStatus
+from ..webhooks import EVENT_TYPES
 
 METADATA_MAX_BYTES = 4096
 
@@ -213,3 +214,183 @@ class StatementOutput(serializers.Serializer):
     account = AccountOutput()
     transactions = StatementLineOutput(many=True)
     next_cursor = serializers.CharField(allow_null=True)
+
+
+# --- recurring payments -------------------------------------------------------
+
+
+class DstPolicy(StrictSerializer):
+    nonexistent = serializers.ChoiceField(choices=["shift", "skip"], default="shift")
+    ambiguous = serializers.ChoiceField(choices=["first", "last", "both"], default="first")
+
+
+class RecurringInput(StrictSerializer):
+    from_account_id = StrictIntegerField(min_value=1, max_value=2**63 - 1)
+    to_account_id = StrictIntegerField(min_value=1, max_value=2**63 - 1)
+    amount = StrictIntegerField(min_value=1, max_value=2**63 - 1)
+    description = serializers.CharField(
+        required=False, allow_blank=True, max_length=255, default=""
+    )
+    cron = serializers.CharField(required=False, max_length=100)
+    interval_seconds = StrictIntegerField(required=False, min_value=60, max_value=366 * 86400)
+    timezone = serializers.CharField(required=False, max_length=64, default="UTC")
+    start_time = AwareDateTimeField(required=False)
+    end_time = AwareDateTimeField(required=False)
+    max_occurrences = StrictIntegerField(required=False, min_value=1, max_value=1_000_000)
+    jitter_seconds = StrictIntegerField(required=False, min_value=0, max_value=3600, default=0)
+    dst_policy = DstPolicy(required=False)
+    missed_run_policy = serializers.ChoiceField(
+        choices=["skip", "run_once", "run_all"], required=False, default="skip"
+    )
+    max_catch_up = StrictIntegerField(required=False, min_value=1, max_value=1000, default=10)
+    max_consecutive_failures = StrictIntegerField(
+        required=False, min_value=1, max_value=100, default=3
+    )
+
+    def validate(self, attrs):
+        if ("cron" in attrs) == ("interval_seconds" in attrs):
+            raise serializers.ValidationError(
+                {"cron": ["Give exactly one of cron or interval_seconds."]}
+            )
+        return attrs
+
+
+class RecurringUpdateInput(StrictSerializer):
+    amount = StrictIntegerField(required=False, min_value=1, max_value=2**63 - 1)
+    description = serializers.CharField(required=False, allow_blank=True, max_length=255)
+    end_time = AwareDateTimeField(required=False, allow_null=True)
+    max_occurrences = StrictIntegerField(
+        required=False, allow_null=True, min_value=1, max_value=1_000_000
+    )
+    jitter_seconds = StrictIntegerField(required=False, min_value=0, max_value=3600)
+    dst_policy = DstPolicy(required=False)
+    missed_run_policy = serializers.ChoiceField(
+        choices=["skip", "run_once", "run_all"], required=False
+    )
+    max_catch_up = StrictIntegerField(required=False, min_value=1, max_value=1000)
+    max_consecutive_failures = StrictIntegerField(required=False, min_value=1, max_value=100)
+
+    def validate(self, attrs):
+        if not attrs:
+            raise serializers.ValidationError({"non_field_errors": ["Nothing to change."]})
+        return attrs
+
+
+class RecurringOutput(serializers.Serializer):
+    recurring_payment_id = serializers.UUIDField(source="id")
+    from_account_id = serializers.IntegerField()
+    to_account_id = serializers.IntegerField()
+    amount = serializers.IntegerField()
+    description = serializers.CharField()
+    cron = serializers.CharField(allow_null=True)
+    interval_seconds = serializers.IntegerField(allow_null=True)
+    timezone = serializers.CharField()
+    start_time = serializers.DateTimeField()
+    end_time = serializers.DateTimeField(allow_null=True)
+    max_occurrences = serializers.IntegerField(allow_null=True)
+    jitter_seconds = serializers.IntegerField()
+    dst_policy = serializers.SerializerMethodField()
+    missed_run_policy = serializers.CharField()
+    max_catch_up = serializers.IntegerField()
+    max_consecutive_failures = serializers.IntegerField()
+    status = serializers.CharField()
+    status_reason = serializers.CharField()
+    next_run_at = serializers.DateTimeField(allow_null=True)
+    upcoming = serializers.SerializerMethodField()
+    occurrences_run = serializers.IntegerField()
+    consecutive_failures = serializers.IntegerField()
+    created_at = serializers.DateTimeField()
+
+    def get_dst_policy(self, obj) -> dict:
+        return {"nonexistent": obj.dst_nonexistent, "ambiguous": obj.dst_ambiguous}
+
+    def get_upcoming(self, obj) -> list[str]:
+        from ..recurring import planned
+
+        field = serializers.DateTimeField()
+        return [field.to_representation(t) for t in planned(obj)]
+
+    def to_representation(self, instance):
+        data = super().to_representation(instance)
+        data["cron"] = data["cron"] or None
+        return data
+
+
+class RecurringListOutput(serializers.Serializer):
+    recurring_payments = RecurringOutput(many=True)
+    next_cursor = serializers.CharField(allow_null=True)
+
+
+class OccurrenceOutput(serializers.Serializer):
+    scheduled_for = serializers.DateTimeField()
+    status = serializers.CharField()
+    reason = serializers.CharField()
+    payment_id = serializers.UUIDField(allow_null=True)
+    payment_status = serializers.CharField(source="payment.status", allow_null=True, default=None)
+
+
+class OccurrenceListOutput(serializers.Serializer):
+    next_run_at = serializers.DateTimeField(allow_null=True)
+    upcoming = serializers.ListField(child=serializers.DateTimeField())
+    occurrences = OccurrenceOutput(many=True)
+    next_cursor = serializers.CharField(allow_null=True)
+
+
+class RecurringListQuery(StrictSerializer):
+    status = serializers.ChoiceField(
+        required=False, choices=["active", "paused", "ended", "cancelled"]
+    )
+    limit = serializers.IntegerField(required=False, min_value=1, max_value=100, default=20)
+    cursor = serializers.CharField(required=False, max_length=200)
+
+
+# --- webhooks -------------------------------------------------------------------
+
+
+def event_types_field(**kwargs) -> serializers.ListField:
+    return serializers.ListField(
+        child=serializers.ChoiceField(choices=EVENT_TYPES), min_length=1, max_length=10, **kwargs
+    )
+
+
+class WebhookEndpointInput(StrictSerializer):
+    url = serializers.URLField(max_length=500)
+    event_types = event_types_field()
+
+
+class WebhookEndpointUpdateInput(StrictSerializer):
+    url = serializers.URLField(required=False, max_length=500)
+    event_types = event_types_field(required=False)
+    is_active = serializers.BooleanField(required=False)
+
+
+class WebhookEndpointOutput(serializers.Serializer):
+    webhook_endpoint_id = serializers.UUIDField(source="id")
+    url = serializers.URLField()
+    event_types = serializers.ListField(child=serializers.CharField())
+    is_active = serializers.BooleanField()
+    created_at = serializers.DateTimeField()
+
+
+class WebhookEndpointCreatedOutput(WebhookEndpointOutput):
+    secret = serializers.CharField(help_text="Shown once: verify signatures with it.")
+
+
+class WebhookEndpointListOutput(serializers.Serializer):
+    webhook_endpoints = WebhookEndpointOutput(many=True)
+
+
+class WebhookDeliveryOutput(serializers.Serializer):
+    delivery_id = serializers.UUIDField(source="id")
+    event_type = serializers.CharField()
+    status = serializers.CharField()
+    attempts = serializers.IntegerField()
+    last_status_code = serializers.IntegerField(allow_null=True)
+    last_error = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    delivered_at = serializers.DateTimeField(allow_null=True)
+    payload = serializers.DictField()
+
+
+class WebhookDeliveryListOutput(serializers.Serializer):
+    deliveries = WebhookDeliveryOutput(many=True)

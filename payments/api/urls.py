@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import views
+from . import recurring, views
 
 urlpatterns = [
     path("payments/schedule", views.PaymentScheduleView.as_view(), name="payment-schedule"),
@@ -25,6 +25,44 @@ urlpatterns = [
         "internal/payments/<str:payment_id>/execute",
         views.InternalExecuteView.as_view(),
         name="internal-payment-execute",
+    ),
+    path("recurring-payments", recurring.RecurringCollectionView.as_view(), name="recurring-list"),
+    path(
+        "recurring-payments/<str:recurring_id>",
+        recurring.RecurringDetailView.as_view(),
+        name="recurring-detail",
+    ),
+    *[
+        path(
+            f"recurring-payments/<str:recurring_id>/{action}",
+            type(
+                f"Recurring{action.title()}View",
+                (recurring.RecurringActionView,),
+                {"action_name": action},
+            ).as_view(),
+            name=f"recurring-{action}",
+        )
+        for action in ("pause", "resume", "cancel")
+    ],
+    path(
+        "recurring-payments/<str:recurring_id>/occurrences",
+        recurring.RecurringOccurrencesView.as_view(),
+        name="recurring-occurrences",
+    ),
+    path(
+        "webhook-endpoints",
+        recurring.WebhookEndpointCollectionView.as_view(),
+        name="webhook-endpoint-list",
+    ),
+    path(
+        "webhook-endpoints/<str:endpoint_id>",
+        recurring.WebhookEndpointDetailView.as_view(),
+        name="webhook-endpoint-detail",
+    ),
+    path(
+        "webhook-endpoints/<str:endpoint_id>/deliveries",
+        recurring.WebhookDeliveriesView.as_view(),
+        name="webhook-endpoint-deliveries",
     ),
     path("accounts", views.AccountListView.as_view(), name="account-list"),
     path("accounts/<int:account_id>", views.AccountDetailView.as_view(), name="account-detail"),
