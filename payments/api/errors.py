@@ -29,6 +29,7 @@ STATUS_BY_CODE = {
     "payment_not_cancellable": 409,
     "payment_not_modifiable": 409,
     "payment_not_due": 409,
+    "recurring_not_modifiable": 409,
     "idempotency_key_in_use": 409,
     "idempotency_key_reused": 422,
 }

@@ -1,0 +1,301 @@
+"""Recurring payments: API contract, materialiser, missed-run policies, concurrency."""
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+
+from ledger.models import Account
+from payments import recurring
+from payments.models import Payment, RecurringOccurrence, RecurringPayment
+from tests.factories import AccountFactory, UserFactory
+from tests.payments.test_api import error
+
+pytestmark = pytest.mark.django_db
+
+
+def create(client, **overrides):
+    body = {
+        "from_account_id": client.account.pk,
+        "to_account_id": client.other_account.pk,
+        "amount": 100,
+        "cron": "0 9 * * *",
+        "timezone": "America/New_York",
+    } | overrides
+    return client.api.post("/api/v1/recurring-payments", body, format="json")
+
+
+def test_create_get_list_and_upcoming(alice):
+    response = create(alice, description="rent", dst_policy={"nonexistent": "skip", "ambiguous": "both"})
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert body["status"] == "active" and body["cron"] == "0 9 * * *"
+    assert body["dst_policy"] == {"nonexistent": "skip", "ambiguous": "both"}
+    assert body["missed_run_policy"] == "skip" and body["max_catch_up"] == 10
+    assert len(body["upcoming"]) == 5 and body["next_run_at"] == body["upcoming"][0]
+    rid = body["recurring_payment_id"]
+    assert alice.api.get(f"/api/v1/recurring-payments/{rid}").json()["recurring_payment_id"] == rid
+    listed = alice.api.get("/api/v1/recurring-payments").json()
+    assert [r["recurring_payment_id"] for r in listed["recurring_payments"]] == [rid]
+    occurrences = alice.api.get(f"/api/v1/recurring-payments/{rid}/occurrences").json()
+    assert occurrences["occurrences"] == [] and len(occurrences["upcoming"]) == 5
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"cron": "61 * * * *"}, "cron"),
+        ({"cron": "* * * *"}, "cron"),
+        ({"interval_seconds": 3600}, "cron"),  # both
+        ({"timezone": "Mars/Base"}, "cron"),
+        ({"cron": None}, "cron"),
+        ({"amount": 0}, "amount"),
+        ({"jitter_seconds": -1}, "jitter_seconds"),
+        ({"dst_policy": {"nonexistent": "later"}}, "dst_policy"),
+        ({"missed_run_policy": "sometimes"}, "missed_run_policy"),
+        ({"end_time": "2020-01-01T00:00:00Z"}, "end_time"),
+    ],
+)
+def test_create_validation(alice, overrides, field):
+    err = error(create(alice, **overrides), 400, "validation_error")
+    assert field in err["details"]["fields"]
+    assert RecurringPayment.objects.count() == 0
+
+
+def test_interval_only_and_minimum(alice):
+    body = {"cron": None}
+    error(create(alice, **body, interval_seconds=30), 400, "validation_error")
+    response = alice.api.post(
+        "/api/v1/recurring-payments",
+        {
+            "from_account_id": alice.account.pk,
+            "to_account_id": alice.other_account.pk,
+            "amount": 5,
+            "interval_seconds": 3600,
+        },
+        format="json",
+    )
+    assert response.status_code == 201 and response.json()["interval_seconds"] == 3600
+
+
+def test_pause_resume_cancel_and_patch(alice):
+    rid = create(alice).json()["recurring_payment_id"]
+    base = f"/api/v1/recurring-payments/{rid}"
+    assert alice.api.post(f"{base}/pause").json()["status"] == "paused"
+    assert alice.api.post(f"{base}/resume").json()["status"] == "active"
+    body = alice.api.patch(base, {"amount": 250, "missed_run_policy": "run_once"}, format="json").json()
+    assert (body["amount"], body["missed_run_policy"]) == (250, "run_once")
+    assert alice.api.post(f"{base}/cancel").json()["status"] == "cancelled"
+    err = error(alice.api.post(f"{base}/resume"), 409, "recurring_not_modifiable")
+    assert err["details"]["status"] == "cancelled"
+    error(alice.api.patch(base, {"amount": 1}, format="json"), 409, "recurring_not_modifiable")
+
+
+def test_other_clients_schedules_are_not_found(alice, bob):
+    rid = create(bob).json()["recurring_payment_id"]
+    base = f"/api/v1/recurring-payments/{rid}"
+    for method, url, body in (
+        ("get", base, None),
+        ("patch", base, {"amount": 1}),
+        ("post", f"{base}/pause", None),
+        ("post", f"{base}/resume", None),
+        ("post", f"{base}/cancel", None),
+        ("get", f"{base}/occurrences", None),
+    ):
+        error(getattr(alice.api, method)(url, body, format="json"), 404, "not_found")
+    assert RecurringPayment.objects.get(pk=rid).status == "active"
+    assert alice.api.get("/api/v1/recurring-payments").json()["recurring_payments"] == []
+    error(create(alice, from_account_id=bob.account.pk), 404, "not_found")
+
+
+def test_create_is_idempotent(alice):
+    first = alice.api.post(
+        "/api/v1/recurring-payments",
+        {"from_account_id": alice.account.pk, "to_account_id": alice.other_account.pk, "amount": 1, "cron": "0 * * * *"},
+        format="json",
+        headers={"Idempotency-Key": "sub-1"},
+    )
+    again = alice.api.post(
+        "/api/v1/recurring-payments",
+        {"from_account_id": alice.account.pk, "to_account_id": alice.other_account.pk, "amount": 1, "cron": "0 * * * *"},
+        format="json",
+        headers={"Idempotency-Key": "sub-1"},
+    )
+    assert again["Idempotent-Replayed"] == "true" and again.json() == first.json()
+    assert RecurringPayment.objects.count() == 1
+
+
+# --- materialiser ------------------------------------------------------------------
+
+
+def make_schedule(source, target, *, start, every=3600, **fields):
+    """A schedule created in the past (as if the service had been down since)."""
+    return RecurringPayment.objects.create(
+        from_account_id=source,
+        to_account_id=target,
+        amount=fields.pop("amount", 10),
+        interval_seconds=every,
+        start_time=start,
+        next_run_at=start,
+        **fields,
+    )
+
+
+@pytest.fixture
+def accounts(db):
+    owner = UserFactory()
+    return AccountFactory(owner=owner, funded=1_000).pk, AccountFactory(owner=owner).pk
+
+
+def test_materialiser_places_hold_and_creates_payment_shortly_before_due(accounts):
+    source, target = accounts
+    start = timezone.now() + timedelta(seconds=30)
+    schedule = make_schedule(source, target, start=start, amount=70)
+    result = recurring.materialize_due()
+    assert (result.scheduled, result.failed, result.skipped) == (1, 0, 0)
+    occurrence = RecurringOccurrence.objects.get(recurring=schedule)
+    payment = occurrence.payment
+    assert payment.status == "PENDING" and payment.amount == 70 and payment.recurring_id == schedule.pk
+    assert abs((payment.due_at - start).total_seconds()) < 0.001
+    assert Account.objects.get(pk=source).held == 70
+    schedule.refresh_from_db()
+    assert schedule.next_run_at == start + timedelta(hours=1)
+    assert recurring.materialize_due().scheduled == 0  # next one is an hour away
+
+
+def test_jitter_is_deterministic_and_bounded(accounts):
+    source, target = accounts
+    start = timezone.now() + timedelta(seconds=20)
+    schedule = make_schedule(source, target, start=start, jitter_seconds=30)
+    recurring.materialize_due()
+    payment = Payment.objects.get(recurring=schedule)
+    delay = (payment.due_at - start).total_seconds()
+    assert 0 <= delay <= 30
+    assert recurring.jitter_for(schedule, start).total_seconds() == pytest.approx(delay, abs=0.001)
+
+
+def test_insufficient_funds_fails_the_occurrence_and_goes_on(accounts, settings):
+    settings.RECURRING_MATERIALIZE_AHEAD_SECONDS = 0
+    source, target = accounts
+    start = timezone.now() - timedelta(seconds=10)
+    schedule = make_schedule(source, target, start=start, every=60, amount=5_000)
+    recurring.materialize_due()
+    occurrence = RecurringOccurrence.objects.get(recurring=schedule)
+    assert (occurrence.status, occurrence.reason) == ("failed", "insufficient_funds")
+    schedule.refresh_from_db()
+    assert (schedule.status, schedule.consecutive_failures) == ("active", 1)
+    assert schedule.next_run_at == start + timedelta(seconds=60)
+
+
+def test_consecutive_failures_pause_the_schedule(accounts, settings):
+    settings.RECURRING_MATERIALIZE_AHEAD_SECONDS = 0
+    source, target = accounts
+    start = timezone.now() - timedelta(seconds=130)  # -130 s, -70 s (missed), -10 s
+    schedule = make_schedule(
+        source,
+        target,
+        start=start,
+        every=60,
+        amount=5_000,
+        missed_run_policy="run_all",
+        max_consecutive_failures=2,
+    )
+    result = recurring.materialize_due()
+    assert (result.failed, result.scheduled) == (2, 0)
+    schedule.refresh_from_db()
+    assert schedule.status == "paused"
+    assert "2 consecutive failed occurrences" in schedule.status_reason
+    assert Account.objects.get(pk=source).held == 0
+    assert Payment.objects.filter(recurring=schedule).count() == 0
+    assert recurring.materialize_due().schedules == 0  # paused: nothing more
+
+
+@pytest.mark.parametrize(
+    ("policy", "catch_up", "scheduled", "skipped"),
+    [
+        ("skip", 10, 0, 5),
+        ("run_once", 10, 1, 4),
+        ("run_all", 3, 3, 2),
+        ("run_all", 10, 5, 0),
+    ],
+)
+def test_missed_run_policies_after_downtime(accounts, policy, catch_up, scheduled, skipped):
+    source, target = accounts
+    now = timezone.now()
+    start = now - timedelta(hours=4, minutes=30)  # occurrences at -4.5h … -0.5h: 5 missed
+    schedule = make_schedule(
+        source, target, start=start, missed_run_policy=policy, max_catch_up=catch_up
+    )
+    result = recurring.materialize_due()
+    assert (result.scheduled, result.skipped) == (scheduled, skipped)
+    rows = list(RecurringOccurrence.objects.filter(recurring=schedule).order_by("scheduled_for"))
+    assert [r.scheduled_for for r in rows] == [start + timedelta(hours=k) for k in range(5)]
+    statuses = [r.status for r in rows]
+    # skipped ones are the oldest; the ones that run are the most recent
+    assert statuses == ["skipped"] * skipped + ["scheduled"] * scheduled
+    assert all(r.reason == f"missed ({policy})" for r in rows if r.status == "skipped")
+    payments = Payment.objects.filter(recurring=schedule)
+    assert payments.count() == scheduled
+    assert all(p.due_at >= now for p in payments)  # catch-up runs now, not in the past
+    schedule.refresh_from_db()
+    assert schedule.next_run_at == start + timedelta(hours=5)
+
+
+def test_max_occurrences_ends_the_schedule(accounts):
+    source, target = accounts
+    start = timezone.now() - timedelta(seconds=5)
+    schedule = make_schedule(source, target, start=start, every=60, max_occurrences=1)
+    recurring.materialize_due()
+    schedule.refresh_from_db()
+    assert schedule.status == "ended" and schedule.next_run_at is None
+
+
+def test_occurrence_unique_in_the_database(accounts):
+    source, target = accounts
+    schedule = make_schedule(source, target, start=timezone.now())
+    RecurringOccurrence.objects.create(recurring=schedule, scheduled_for=schedule.start_time, status="skipped")
+    with pytest.raises(IntegrityError), transaction.atomic():
+        RecurringOccurrence.objects.create(
+            recurring=schedule, scheduled_for=schedule.start_time, status="skipped"
+        )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_materialisers_at_once_never_duplicate():
+    owner = UserFactory()
+    source = AccountFactory(owner=owner, funded=100_000).pk
+    target = AccountFactory(owner=owner).pk
+    start = timezone.now() - timedelta(minutes=30, seconds=30)
+    schedules = [
+        make_schedule(source, target, start=start, every=60, missed_run_policy="run_all", max_catch_up=40)
+        for _ in range(5)
+    ]
+    barrier = threading.Barrier(2)
+    errors = []
+
+    def run():
+        try:
+            barrier.wait()
+            for _ in range(3):
+                recurring.materialize_due()
+        except Exception as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    for schedule in schedules:
+        times = list(
+            RecurringOccurrence.objects.filter(recurring=schedule).values_list("scheduled_for", flat=True)
+        )
+        # 31 missed (run_all) + 1 due within the 60 s materialise-ahead window
+        assert len(times) == len(set(times)) == 32
+        assert Payment.objects.filter(recurring=schedule).count() == 32
+    assert Account.objects.get(pk=source).held == 5 * 32 * 10
