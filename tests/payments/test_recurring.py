@@ -28,7 +28,9 @@ def create(client, **overrides):
 
 
 def test_create_get_list_and_upcoming(alice):
-    response = create(alice, description="rent", dst_policy={"nonexistent": "skip", "ambiguous": "both"})
+    response = create(
+        alice, description="rent", dst_policy={"nonexistent": "skip", "ambiguous": "both"}
+    )
     assert response.status_code == 201, response.content
     body = response.json()
     assert body["status"] == "active" and body["cron"] == "0 9 * * *"
@@ -85,7 +87,9 @@ def test_pause_resume_cancel_and_patch(alice):
     base = f"/api/v1/recurring-payments/{rid}"
     assert alice.api.post(f"{base}/pause").json()["status"] == "paused"
     assert alice.api.post(f"{base}/resume").json()["status"] == "active"
-    body = alice.api.patch(base, {"amount": 250, "missed_run_policy": "run_once"}, format="json").json()
+    body = alice.api.patch(
+        base, {"amount": 250, "missed_run_policy": "run_once"}, format="json"
+    ).json()
     assert (body["amount"], body["missed_run_policy"]) == (250, "run_once")
     assert alice.api.post(f"{base}/cancel").json()["status"] == "cancelled"
     err = error(alice.api.post(f"{base}/resume"), 409, "recurring_not_modifiable")
@@ -113,13 +117,23 @@ def test_other_clients_schedules_are_not_found(alice, bob):
 def test_create_is_idempotent(alice):
     first = alice.api.post(
         "/api/v1/recurring-payments",
-        {"from_account_id": alice.account.pk, "to_account_id": alice.other_account.pk, "amount": 1, "cron": "0 * * * *"},
+        {
+            "from_account_id": alice.account.pk,
+            "to_account_id": alice.other_account.pk,
+            "amount": 1,
+            "cron": "0 * * * *",
+        },
         format="json",
         headers={"Idempotency-Key": "sub-1"},
     )
     again = alice.api.post(
         "/api/v1/recurring-payments",
-        {"from_account_id": alice.account.pk, "to_account_id": alice.other_account.pk, "amount": 1, "cron": "0 * * * *"},
+        {
+            "from_account_id": alice.account.pk,
+            "to_account_id": alice.other_account.pk,
+            "amount": 1,
+            "cron": "0 * * * *",
+        },
         format="json",
         headers={"Idempotency-Key": "sub-1"},
     )
@@ -157,7 +171,9 @@ def test_materialiser_places_hold_and_creates_payment_shortly_before_due(account
     assert (result.scheduled, result.failed, result.skipped) == (1, 0, 0)
     occurrence = RecurringOccurrence.objects.get(recurring=schedule)
     payment = occurrence.payment
-    assert payment.status == "PENDING" and payment.amount == 70 and payment.recurring_id == schedule.pk
+    assert (
+        payment.status == "PENDING" and payment.amount == 70 and payment.recurring_id == schedule.pk
+    )
     assert abs((payment.due_at - start).total_seconds()) < 0.001
     assert Account.objects.get(pk=source).held == 70
     schedule.refresh_from_db()
@@ -255,7 +271,9 @@ def test_max_occurrences_ends_the_schedule(accounts):
 def test_occurrence_unique_in_the_database(accounts):
     source, target = accounts
     schedule = make_schedule(source, target, start=timezone.now())
-    RecurringOccurrence.objects.create(recurring=schedule, scheduled_for=schedule.start_time, status="skipped")
+    RecurringOccurrence.objects.create(
+        recurring=schedule, scheduled_for=schedule.start_time, status="skipped"
+    )
     with pytest.raises(IntegrityError), transaction.atomic():
         RecurringOccurrence.objects.create(
             recurring=schedule, scheduled_for=schedule.start_time, status="skipped"
@@ -269,7 +287,9 @@ def test_two_materialisers_at_once_never_duplicate():
     target = AccountFactory(owner=owner).pk
     start = timezone.now() - timedelta(minutes=30, seconds=30)
     schedules = [
-        make_schedule(source, target, start=start, every=60, missed_run_policy="run_all", max_catch_up=40)
+        make_schedule(
+            source, target, start=start, every=60, missed_run_policy="run_all", max_catch_up=40
+        )
         for _ in range(5)
     ]
     barrier = threading.Barrier(2)
@@ -293,7 +313,9 @@ def test_two_materialisers_at_once_never_duplicate():
     assert errors == []
     for schedule in schedules:
         times = list(
-            RecurringOccurrence.objects.filter(recurring=schedule).values_list("scheduled_for", flat=True)
+            RecurringOccurrence.objects.filter(recurring=schedule).values_list(
+                "scheduled_for", flat=True
+            )
         )
         # 31 missed (run_all) + 1 due within the 60 s materialise-ahead window
         assert len(times) == len(set(times)) == 32
