@@ -5,12 +5,17 @@ Balances, holds, entries and postings change only through ``ledger.services``
 and unfreezing go through ``account_set_status``.
 """
 
+from django import forms
 from django.contrib import admin, messages
-from django.utils.html import format_html_join
+from django.core.exceptions import PermissionDenied
+from django.shortcuts import get_object_or_404, redirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html, format_html_join
 
 from . import selectors, services
 from .exceptions import LedgerError
-from .models import Account, Hold, JournalEntry, Posting
+from .models import Account, Hold, JournalEntry, Posting, ReconciliationRun
 
 STATEMENT_ROWS = 50
 
@@ -54,6 +59,7 @@ class AccountAdmin(admin.ModelAdmin):
         "system_code",
         "created_at",
         "updated_at",
+        "adjust_link",
         "statement",
     )
     fields = (
@@ -94,13 +100,76 @@ class AccountAdmin(admin.ModelAdmin):
                 self.message_user(request, str(exc), messages.ERROR)
         self.message_user(request, f"{done} account(s) set to {status}.")
 
-    @admin.action(description="Freeze selected accounts", permissions=["change"])
+    def has_freeze_permission(self, request):
+        return request.user.has_perm("ledger.freeze_account")
+
+    @admin.action(description="Freeze selected accounts", permissions=["freeze"])
     def freeze(self, request, queryset):
         self._set_status(request, queryset, "frozen")
 
-    @admin.action(description="Unfreeze selected accounts", permissions=["change"])
+    @admin.action(description="Unfreeze selected accounts", permissions=["freeze"])
     def unfreeze(self, request, queryset):
         self._set_status(request, queryset, "active")
+
+    # --- balance adjustments: balanced entries, privileged staff only ----------
+    def get_urls(self):
+        return [
+            path(
+                "<int:account_id>/adjust/",
+                self.admin_site.admin_view(self.adjust_view),
+                name="ledger_account_adjust",
+            ),
+            *super().get_urls(),
+        ]
+
+    @admin.display(description="Adjust balance")
+    def adjust_link(self, obj):
+        if obj.pk is None:
+            return "-"
+        url = reverse("admin:ledger_account_adjust", args=[obj.pk])
+        return format_html('<a href="{}">Post an adjustment…</a> (needs "post adjustment")', url)
+
+    def adjust_view(self, request, account_id):
+        if not request.user.has_perm("ledger.post_adjustment"):
+            raise PermissionDenied
+        account = get_object_or_404(Account, pk=account_id)
+        form = AdjustmentForm(request.POST or None)
+        if request.method == "POST" and form.is_valid():
+            try:
+                entry = services.adjustment_post(
+                    account_id=account.pk,
+                    amount=form.cleaned_data["amount"],
+                    description=form.cleaned_data["reason"],
+                    staff_user=request.user,
+                )
+            except LedgerError as exc:
+                form.add_error(None, exc.message)
+            else:
+                self.message_user(
+                    request, f"Adjustment posted as entry #{entry.pk}.", messages.SUCCESS
+                )
+                return redirect("admin:ledger_account_change", account.pk)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Adjust balance of {account}",
+            "account": account,
+            "form": form,
+            "opts": self.model._meta,
+        }
+        return TemplateResponse(request, "admin/ledger/account/adjust.html", context)
+
+
+class AdjustmentForm(forms.Form):
+    amount = forms.IntegerField(
+        help_text="Positive credits the account, negative debits it; balanced against issuance."
+    )
+    reason = forms.CharField(max_length=255, help_text="Recorded on the journal entry.")
+
+    def clean_amount(self):
+        amount = self.cleaned_data["amount"]
+        if amount == 0:
+            raise forms.ValidationError("Amount must not be zero.")
+        return amount
 
 
 @admin.register(Hold)
@@ -132,3 +201,10 @@ class JournalEntryAdmin(ReadOnlyAdmin):
     search_fields = ("=id", "reference", "description")
     date_hierarchy = "created_at"
     inlines = (PostingInline,)
+
+
+@admin.register(ReconciliationRun)
+class ReconciliationRunAdmin(ReadOnlyAdmin):
+    list_display = ("started_at", "ok", "mismatch_count", "duration_seconds", "trigger")
+    list_filter = ("ok", "trigger")
+    date_hierarchy = "started_at"

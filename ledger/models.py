@@ -87,6 +87,10 @@ class Account(models.Model):
                 condition=Q(status__in=AccountStatus.values), name="ledger_account_status_valid"
             ),
         ]
+        permissions = [
+            ("freeze_account", "Can freeze and unfreeze accounts"),
+            ("post_adjustment", "Can post balance adjustments (balanced entries)"),
+        ]
 
     def __str__(self) -> str:
         label = self.name or self.system_code or "account"
@@ -209,3 +213,21 @@ class Posting(models.Model):
 
     def __str__(self) -> str:
         return f"posting #{self.pk} {self.amount:+d} on account {self.account_id}"
+
+
+class ReconciliationRun(models.Model):
+    """One run of ``reconcile_ledger`` (command or beat), kept for the operations page."""
+
+    started_at = models.DateTimeField()
+    duration_seconds = models.FloatField()
+    ok = models.BooleanField()
+    mismatch_count = models.PositiveIntegerField()
+    trigger = models.CharField(max_length=16, default="command")
+    report = models.JSONField()
+
+    class Meta:
+        get_latest_by = "started_at"
+        indexes = [models.Index(fields=["-started_at"], name="ledger_recon_latest")]
+
+    def __str__(self) -> str:
+        return f"reconciliation {self.started_at:%Y-%m-%d %H:%M} {'ok' if self.ok else 'MISMATCH'}"

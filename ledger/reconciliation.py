@@ -272,3 +272,19 @@ def reconcile(*, progress: Progress | None = None) -> ReconciliationReport:
             report.checks.append(result)
     report.duration_seconds = time.monotonic() - started
     return report
+
+
+def reconcile_and_record(*, trigger: str, progress: Progress | None = None) -> ReconciliationReport:
+    """Run every check and keep the result as a ``ReconciliationRun``."""
+    from .models import ReconciliationRun
+
+    report = reconcile(progress=progress)
+    ReconciliationRun.objects.create(
+        started_at=report.started_at,
+        duration_seconds=report.duration_seconds,
+        ok=report.ok,
+        mismatch_count=report.mismatch_count,
+        trigger=trigger,
+        report=report.as_dict(),
+    )
+    return report

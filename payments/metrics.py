@@ -2,12 +2,14 @@
 
 Counters and histograms are process-local; in Celery workers and gunicorn
 they are aggregated through prometheus_client's multiprocess mode when
-``PROMETHEUS_MULTIPROC_DIR`` is set (see README, Operations).
+``PROMETHEUS_MULTIPROC_DIR`` is set (see README, Operations). Gauges of state
+(pending, backlog, dead letters, queue depth, last reconciliation) are read
+from the database at scrape time by ``payments.ops.DatabaseCollector``.
 """
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Histogram
 
 LATENESS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
@@ -39,12 +41,6 @@ chunk_retries = Counter(
     "payments_chunk_retries_total", "Executor chunk retries by error class", ["error_class"]
 )
 chunk_splits = Counter("payments_chunk_splits_total", "Chunks split to isolate a poison payment")
-pending = Gauge(
-    "payments_pending", "PENDING payments (set by the sweeper)", multiprocess_mode="liveall"
-)
-queued = Gauge(
-    "payments_queued", "QUEUED payments (set by the sweeper)", multiprocess_mode="liveall"
-)
 
 
 def record_chunk(result) -> None:

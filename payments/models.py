@@ -30,6 +30,8 @@ class PaymentStatus(models.TextChoices):
     CANCELLED = "CANCELLED", "Cancelled"
 
 
+# error_code of a payment the reaper gave up on: a dead letter staff can retry.
+DEAD_LETTER_CODE = "max_attempts_exceeded"
 OPEN_STATUSES = (PaymentStatus.PENDING, PaymentStatus.QUEUED)
 TERMINAL_STATUSES = (PaymentStatus.COMPLETED, PaymentStatus.FAILED, PaymentStatus.CANCELLED)
 
@@ -112,6 +114,10 @@ class Payment(models.Model):
             # Client listing, newest first, optionally by account.
             models.Index(fields=["from_account", "-created_at", "-id"], name="payments_by_account"),
             models.Index(fields=["status", "due_at"], name="payments_status_due"),
+        ]
+        permissions = [
+            ("cancel_payment", "Can cancel payments (audited)"),
+            ("retry_payment", "Can retry dead-lettered payments (audited)"),
         ]
 
     def __str__(self) -> str:
@@ -398,3 +404,11 @@ class WebhookAttempt(models.Model):
 
     def __str__(self) -> str:
         return f"attempt {self.number}: {self.status_code or self.error}"
+
+
+class DeadLetter(Payment):
+    """Payments the reaper gave up on (FAILED ``max_attempts_exceeded``), for the admin."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "dead letter"

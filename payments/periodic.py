@@ -14,6 +14,7 @@ PERIODIC_TASKS = (
     ("payments: reap expired leases", "payments.reap_leases", 5, 10),
     ("payments: materialise recurring occurrences", "payments.materialize_recurring", 5, 10),
     ("payments: retry due webhooks", "payments.retry_webhooks", 10, 20),
+    ("ledger: reconcile", "ledger.reconcile", 3600, 600),
     ("payments: purge expired idempotency keys", "payments.purge_idempotency_keys", 3600, 600),
 )
 

@@ -28,7 +28,7 @@ from ledger.services import LedgerBatch
 
 from . import webhooks
 from .clock import db_now
-from .models import Actor, Payment, PaymentEvent, PaymentStatus
+from .models import DEAD_LETTER_CODE, Actor, Payment, PaymentEvent, PaymentStatus
 
 logger = logging.getLogger(__name__)
 
@@ -335,7 +335,7 @@ def _dead_letter(payment_id) -> bool:
                 batch.flush()
         now = db_now()
         payment.status = PaymentStatus.FAILED
-        payment.error_code = "max_attempts_exceeded"
+        payment.error_code = DEAD_LETTER_CODE
         payment.error_message = f"Not executed after {payment.attempts} attempts."
         payment.fence += 1
         payment.lease_expires_at = None

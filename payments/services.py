@@ -26,6 +26,7 @@ from . import metrics, webhooks
 from .clock import db_now
 from .exceptions import InvalidRequest, NotFound, PaymentNotCancellable, PaymentNotModifiable
 from .models import (
+    DEAD_LETTER_CODE,
     OPEN_STATUSES,
     Actor,
     Payment,
@@ -325,4 +326,54 @@ def payment_update(
         payment.updated_at = now
         payment.save(update_fields=sorted(fields))
         PaymentEvent.objects.bulk_create(events)
+    return payment
+
+
+def payment_retry_dead_letter(*, payment_id: uuid.UUID, staff_user: AbstractBaseUser) -> Payment:
+    """Give a dead-lettered payment a fresh hold and send it back to the sweeper.
+
+    Only payments FAILED with ``max_attempts_exceeded`` qualify: a business
+    failure (frozen account, …) is final and needs a new payment. The funds
+    are reserved again now; if they are gone, ``InsufficientFunds`` and
+    nothing changes.
+    """
+    with transaction.atomic():
+        payment = _lock_open_payment(payment_id, None)
+        if payment.status != PaymentStatus.FAILED or payment.error_code != DEAD_LETTER_CODE:
+            raise PaymentNotModifiable(
+                f"Payment {payment_id} is {payment.status} and is not a dead letter.",
+                status=payment.status,
+            )
+        batch = LedgerBatch(account_ids=[payment.from_account_id])
+        hold = batch.place_hold(
+            account_id=payment.from_account_id, amount=payment.amount, reference=payment.reference
+        )
+        batch.flush()
+        now = db_now()
+        payment.status = PaymentStatus.PENDING
+        payment.hold = hold
+        payment.attempts = 0
+        payment.fence += 1
+        payment.run_at = now
+        payment.error_code = payment.error_message = ""
+        payment.updated_at = now
+        payment.save(
+            update_fields=[
+                "status",
+                "hold",
+                "attempts",
+                "fence",
+                "run_at",
+                "error_code",
+                "error_message",
+                "updated_at",
+            ]
+        )
+        _event(
+            payment,
+            "retried",
+            from_status=PaymentStatus.FAILED,
+            actor=Actor.STAFF,
+            actor_user=staff_user,
+        ).save()
     return payment

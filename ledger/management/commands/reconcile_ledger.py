@@ -11,7 +11,7 @@ import sys
 from django.core.management.base import BaseCommand, CommandError
 from tqdm import tqdm
 
-from ledger.reconciliation import Progress, reconcile
+from ledger.reconciliation import Progress, reconcile, reconcile_and_record
 
 
 class TqdmProgress(Progress):
@@ -41,10 +41,19 @@ class Command(BaseCommand):
         parser.add_argument(
             "--no-progress", action="store_true", help="Never draw the progress bar."
         )
+        parser.add_argument(
+            "--no-record",
+            action="store_true",
+            help="Do not keep the result as a reconciliation run (operations page, metrics).",
+        )
 
     def handle(self, *args, **options):
         show_progress = not options["no_progress"] and sys.stderr.isatty()
-        report = reconcile(progress=TqdmProgress(show_progress))
+        progress = TqdmProgress(show_progress)
+        if options["no_record"]:
+            report = reconcile(progress=progress)
+        else:
+            report = reconcile_and_record(trigger="command", progress=progress)
         if options["json"]:
             self.stdout.write(json.dumps(report.as_dict(), default=str))
         else:

@@ -1,0 +1,56 @@
+"""Payment checks added to ``reconcile_ledger`` (DESIGN §3, invariant 3):
+every COMPLETED payment has exactly one journal entry — its own
+``payment:<id>`` — and no other payment has one."""
+
+from django.db.models import Exists, OuterRef
+
+from ledger.models import JournalEntry
+from ledger.reconciliation import Check, CheckResult, Mismatch, Progress, register_check
+
+from .models import Payment, PaymentStatus
+
+PREFIX = "payment:"
+
+
+def _check(result: CheckResult, progress: Progress) -> None:
+    rows = Payment.objects.filter(status=PaymentStatus.COMPLETED).values_list(
+        "pk", "journal_entry__reference"
+    )
+    for pid, reference in rows.iterator(chunk_size=5_000):
+        result.rows_checked += 1
+        if reference != f"{PREFIX}{pid}":
+            result.add(
+                Mismatch(
+                    f"payment {pid}: COMPLETED but its entry is {reference!r}",
+                    {"payment_id": str(pid), "reference": reference},
+                )
+            )
+        if result.rows_checked % 5_000 == 0:
+            progress.advance(5_000)
+    progress.advance(result.rows_checked % 5_000)
+    orphans = (
+        JournalEntry.objects.filter(reference__startswith=PREFIX)
+        .exclude(
+            Exists(
+                Payment.objects.filter(journal_entry=OuterRef("pk"), status=PaymentStatus.COMPLETED)
+            )
+        )
+        .values_list("pk", "reference")
+    )
+    for entry_id, reference in orphans.iterator():
+        result.add(
+            Mismatch(
+                f"entry {entry_id} ({reference}) belongs to no COMPLETED payment",
+                {"entry_id": entry_id, "reference": reference},
+            )
+        )
+
+
+register_check(
+    Check(
+        "payments_exactly_once",
+        "every COMPLETED payment has exactly one journal entry (payment:<id>); no other has one",
+        lambda: Payment.objects.filter(status=PaymentStatus.COMPLETED).count(),
+        _check,
+    )
+)
