@@ -50,6 +50,7 @@ class ChunkResult:
     stale: list[str] = field(default_factory=list)
     not_due: list[tuple[str, int, datetime]] = field(default_factory=list)
     lateness_seconds: list[float] = field(default_factory=list)
+    transitions: list[dict] = field(default_factory=list)
 
 
 def execute_chunk(items: list[tuple[str, int]], *, worker: str = WORKER) -> ChunkResult:
@@ -138,6 +139,16 @@ def _run(due, now, worker, result, attempts, events) -> None:
             result.lateness_seconds.append((now - payment.due_at).total_seconds())
         payment.lease_expires_at = None
         payment.updated_at = now
+        result.transitions.append(
+            {
+                "payment_id": pid,
+                "status": payment.status,
+                "fence": payment.fence,
+                "attempt": payment.attempts,
+                "lateness_seconds": round((now - payment.due_at).total_seconds(), 4),
+                "error_code": payment.error_code or None,
+            }
+        )
         attempts.append(attempt)
         events.append(
             PaymentEvent(
@@ -180,16 +191,11 @@ def _after_commit(result: ChunkResult) -> None:
     from . import metrics
 
     metrics.record_chunk(result)
-    if result.completed or result.failed:
+    # One structured line per transition (JSON in production): payment id,
+    # fence, attempt, lateness.
+    for transition in result.transitions:
         logger.info(
-            "executed chunk: %s completed, %s failed",
-            len(result.completed),
-            len(result.failed),
-            extra={
-                "completed": len(result.completed),
-                "failed": result.failed,
-                "max_lateness": max(result.lateness_seconds, default=None),
-            },
+            "payment %s %s", transition["payment_id"], transition["status"], extra=transition
         )
 
 

@@ -9,6 +9,7 @@ its current status.
 
 from __future__ import annotations
 
+import logging
 import uuid
 import zlib
 from datetime import datetime, timedelta
@@ -33,6 +34,24 @@ from .models import (
     PaymentEvent,
     PaymentStatus,
 )
+
+logger = logging.getLogger(__name__)
+
+
+def _log(payment: Payment, transition: str, **extra: Any) -> None:
+    logger.info(
+        "payment %s %s",
+        payment.pk,
+        transition,
+        extra={
+            "payment_id": str(payment.pk),
+            "status": payment.status,
+            "fence": payment.fence,
+            "attempt": payment.attempts,
+            "due_at": payment.due_at.isoformat(),
+            **extra,
+        },
+    )
 
 
 def partition_for(account_id: int) -> int:
@@ -170,6 +189,7 @@ def payment_schedule(
         )
         _event(payment, "scheduled", actor_user=client, amount=amount).save()
         transaction.on_commit(metrics.scheduled.inc)
+        transaction.on_commit(lambda: _log(payment, "scheduled"))
     return payment
 
 
@@ -226,6 +246,7 @@ def payment_cancel(
             [(payment.from_account.owner_id, "payment.cancelled", webhooks.payment_data(payment))]
         )
         transaction.on_commit(lambda: metrics.cancelled.labels(actor=actor).inc())
+        transaction.on_commit(lambda: _log(payment, "cancelled", actor=actor))
     return payment
 
 
