@@ -22,12 +22,14 @@ from django.db.models.functions import Now
 
 
 class PaymentStatus(models.TextChoices):
-    PENDING = "PENDING", "Pending"
-    QUEUED = "QUEUED", "Queued"
-    EXECUTING = "EXECUTING", "Executing"
-    COMPLETED = "COMPLETED", "Completed"
-    FAILED = "FAILED", "Failed"
-    CANCELLED = "CANCELLED", "Cancelled"
+    """Shown as-is everywhere (API, admin, logs), so support and clients read the same word."""
+
+    PENDING = "PENDING", "PENDING"
+    QUEUED = "QUEUED", "QUEUED"
+    EXECUTING = "EXECUTING", "EXECUTING"
+    COMPLETED = "COMPLETED", "COMPLETED"
+    FAILED = "FAILED", "FAILED"
+    CANCELLED = "CANCELLED", "CANCELLED"
 
 
 # error_code of a payment the reaper gave up on: a dead letter staff can retry.

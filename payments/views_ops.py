@@ -33,9 +33,13 @@ def readyz(request):
     except Exception as exc:
         checks["database"] = f"error: {type(exc).__name__}"
     try:
-        from scheduler_project.celery import app
+        from kombu import Connection
 
-        with app.connection_for_write() as conn:
+        with Connection(
+            settings.CELERY_BROKER_URL,
+            connect_timeout=2,
+            transport_options=settings.CELERY_BROKER_TRANSPORT_OPTIONS,
+        ) as conn:
             conn.ensure_connection(max_retries=1, timeout=2)
         checks["broker"] = "ok"
     except Exception as exc:

@@ -1,0 +1,254 @@
+"""Support admin, operations page, health and metrics."""
+
+import re
+from datetime import timedelta
+
+import pytest
+import yaml
+from django.contrib.auth.models import Group
+from django.urls import reverse
+from django.utils import timezone
+
+from ledger.models import Account, JournalEntry, ReconciliationRun
+from payments import execution
+from payments.models import Payment, PaymentStatus
+from tests.factories import UserFactory
+from tests.payments.engine import make_due, sweep
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def support(client):
+    user = UserFactory(username="sam", is_staff=True)
+    user.groups.add(Group.objects.get(name="Support"))
+    client.force_login(user)
+    client.user = user
+    return client
+
+
+def changelist_action(client, model, action, ids):
+    return client.post(
+        reverse(f"admin:payments_{model}_changelist"),
+        {"action": action, "_selected_action": [str(i) for i in ids]},
+        follow=True,
+    )
+
+
+def test_support_finds_payment_by_id_account_and_owner(support, alice):
+    pid = alice.schedule().json()["payment_id"]
+    url = reverse("admin:payments_payment_changelist")
+    for term in (pid, str(alice.account.pk), "alice"):
+        page = support.get(url, {"q": term})
+        assert page.status_code == 200 and pid in page.content.decode(), term
+    assert pid not in support.get(url, {"q": "nobody"}).content.decode()
+    page = support.get(
+        url,
+        {
+            "status__exact": "PENDING",
+            "due": "hour",
+            "partition": Payment.objects.get(pk=pid).partition,
+        },
+    )
+    assert pid in page.content.decode()
+
+
+def test_support_cancels_through_the_service_and_is_named_in_the_audit(support, alice):
+    pid = alice.schedule(amount=300).json()["payment_id"]
+    page = changelist_action(support, "payment", "cancel_payments", [pid])
+    assert "1 payment(s) cancelled" in page.content.decode()
+    payment = Payment.objects.get(pk=pid)
+    assert payment.status == "CANCELLED" and payment.hold.status == "released"
+    event = payment.events.get(type="cancelled")
+    assert (event.actor, event.actor_user) == ("staff", support.user)
+    assert Account.objects.get(pk=alice.account.pk).held == 0
+    detail = support.get(reverse("admin:payments_payment_change", args=[pid])).content.decode()
+    assert "CANCELLED" in detail and "sam" in detail
+
+
+def test_support_cannot_edit_payments_or_balances(support, alice):
+    pid = alice.schedule(amount=300).json()["payment_id"]
+    page = support.get(reverse("admin:payments_payment_change", args=[pid]))
+    assert page.status_code == 200 and not page.context["has_change_permission"]
+    response = support.post(
+        reverse("admin:payments_payment_change", args=[pid]), {"amount": 1, "status": "COMPLETED"}
+    )
+    assert response.status_code == 403
+    assert Payment.objects.get(pk=pid).amount == 300
+    account_url = reverse("admin:ledger_account_change", args=[alice.account.pk])
+    response = support.post(account_url, {"name": "x", "max_payment_amount": 5, "balance": 10**9})
+    assert response.status_code == 403
+    adjust = reverse("admin:ledger_account_adjust", args=[alice.account.pk])
+    assert support.get(adjust).status_code == 403
+    assert support.post(adjust, {"amount": 10**6, "reason": "free money"}).status_code == 403
+    for name in ("payments.change_payment", "ledger.change_account", "ledger.post_adjustment"):
+        assert not support.user.has_perm(name)
+    assert Account.objects.get(pk=alice.account.pk).balance == 10_000
+    assert not JournalEntry.objects.filter(kind="adjustment").exists()
+
+
+def test_support_freezes_accounts(support, alice):
+    support.post(
+        reverse("admin:ledger_account_changelist"),
+        {"action": "freeze", "_selected_action": [alice.account.pk]},
+    )
+    assert Account.objects.get(pk=alice.account.pk).status == "frozen"
+
+
+def test_privileged_staff_posts_balanced_adjustments(client, alice):
+    from django.contrib.auth.models import Permission
+
+    boss = UserFactory(username="boss", is_staff=True)
+    boss.user_permissions.add(
+        Permission.objects.get(codename="post_adjustment"),
+        Permission.objects.get(codename="view_account"),
+    )
+    client.force_login(boss)
+    adjust = reverse("admin:ledger_account_adjust", args=[alice.account.pk])
+    assert client.post(adjust, {"amount": 0, "reason": "x"}).status_code == 200  # form error
+    response = client.post(adjust, {"amount": 250, "reason": "goodwill"})
+    assert response.status_code == 302
+    entry = JournalEntry.objects.get(kind="adjustment")
+    assert entry.created_by == boss and sorted(entry.postings.values_list("amount", flat=True)) == [
+        -250,
+        250,
+    ]
+    assert Account.objects.get(pk=alice.account.pk).balance == 10_250
+
+
+def test_dead_letter_list_and_retry(support, alice, settings, monkeypatch):
+    from payments import scheduling
+
+    settings.PAYMENT_MAX_ATTEMPTS = 1
+    pid = alice.schedule(amount=50).json()["payment_id"]
+    make_due(pid)
+    sweep(monkeypatch)
+    Payment.objects.filter(pk=pid).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    scheduling.reap_leases()
+    assert Payment.objects.get(pk=pid).error_code == "max_attempts_exceeded"
+    page = support.get(reverse("admin:payments_deadletter_changelist"))
+    assert pid in page.content.decode()
+    changelist_action(support, "deadletter", "retry_dead_letters", [pid])
+    payment = Payment.objects.get(pk=pid)
+    assert (payment.status, payment.attempts, payment.hold.status) == ("PENDING", 0, "active")
+    assert payment.events.get(type="retried").actor_user == support.user
+    assert Account.objects.get(pk=alice.account.pk).held == 50
+
+
+def test_operations_page_renders_figures_and_charts(support, alice, monkeypatch):
+    ids = [alice.schedule(amount=10, delay_seconds=600).json()["payment_id"] for _ in range(3)]
+    make_due(*ids[:2])
+    _, published = sweep(monkeypatch)
+    execution.execute_chunk(published.items())
+    ReconciliationRun.objects.create(
+        started_at=timezone.now(), duration_seconds=0.1, ok=True, mismatch_count=0, report={}
+    )
+    page = support.get("/admin/operations/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    for element in (
+        'id="backlog-chart"',
+        'id="executed-chart"',
+        'id="failed-chart"',
+        "Dead letters",
+    ):
+        assert element in html
+    assert page.context["backlog"]["< 1 h"] == 1
+    assert page.context["total_executed"] == 2
+    assert page.context["lateness"]["count"] == 2
+    assert "clean" in html
+    assert len(re.findall(r'<rect class="bar"', html)) >= 60
+    assert support.get("/admin/").content.decode().count("/admin/operations/") == 1
+
+
+def test_operations_page_needs_staff(client, alice):
+    assert client.get("/admin/operations/").status_code == 302  # to login
+    client.force_login(alice.user)
+    assert client.get("/admin/operations/").status_code == 302
+
+
+def test_health_endpoints(client):
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200
+    assert ready.json()["checks"] == {"database": "ok", "broker": "ok"}
+
+
+def test_readyz_reports_a_dead_broker(client, settings):
+    settings.CELERY_BROKER_URL = "redis://127.0.0.1:1/0"
+    ready = client.get("/readyz")
+    assert ready.status_code == 503
+    assert ready.json()["checks"]["broker"].startswith("error")
+
+
+def metric(text, name, labels=""):
+    pattern = rf"^{re.escape(name)}{re.escape(labels)} ([0-9.e+]+)$"
+    match = re.search(pattern, text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
+def test_metrics_move_after_payments_execute(
+    client, alice, monkeypatch, django_capture_on_commit_callbacks
+):
+    ids = [alice.schedule(amount=10).json()["payment_id"] for _ in range(4)]
+    before = client.get("/metrics").content.decode()
+    make_due(*ids)
+    _, published = sweep(monkeypatch)
+    with django_capture_on_commit_callbacks(execute=True):
+        execution.execute_chunk(published.items())
+    after = client.get("/metrics").content.decode()
+    assert metric(after, "payments_executed_total") - metric(before, "payments_executed_total") == 4
+    assert (
+        metric(after, "payments_lateness_seconds_count")
+        - metric(before, "payments_lateness_seconds_count")
+        == 4
+    )
+    assert 'payments_lateness_seconds_bucket{le="0.25"}' in after
+    assert metric(after, "payments_pending") == 0
+    assert 'payments_backlog{bucket="overdue"}' in after
+    assert "django_http_requests_total_by_method_total" in after
+
+
+def test_alert_rules_parse_and_name_existing_metrics(client):
+    from pathlib import Path
+
+    rules = yaml.safe_load((Path(__file__).parents[2] / "ops/prometheus/alerts.yml").read_text())
+    exposition = client.get("/metrics").content.decode()
+    exported = set(re.findall(r"^# TYPE (\S+) (\w+)", exposition, re.MULTILINE))
+    names = set()
+    for name, kind in exported:
+        names.add(name)
+        if kind == "counter":
+            names.add(f"{name}_total")
+        if kind == "histogram":
+            names |= {f"{name}_bucket", f"{name}_count", f"{name}_sum"}
+    alerts = [rule for group in rules["groups"] for rule in group["rules"]]
+    assert {a["alert"] for a in alerts} >= {
+        "PaymentFailureRateHigh",
+        "PaymentLatenessP95High",
+        "PaymentBacklogOverdue",
+        "LedgerReconciliationMismatch",
+        "SweeperSilent",
+    }
+    promql_words = {
+        "sum",
+        "rate",
+        "increase",
+        "clamp_min",
+        "histogram_quantile",
+        "by",
+        "le",
+        "absent",
+        "or",
+        "time",
+        "bucket",
+    }
+    for alert in alerts:
+        assert alert["expr"] and alert["annotations"]["summary"]
+        referenced = {
+            w
+            for w in re.findall(r"\b([a-z_][a-z0-9_]*)\b", alert["expr"])
+            if "_" in w and w not in promql_words
+        }
+        assert referenced, alert["alert"]
+        assert referenced <= names, (alert["alert"], referenced - names)
