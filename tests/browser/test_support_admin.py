@@ -59,7 +59,7 @@ def test_support_user_cancels_a_payment_and_sees_the_audit_and_operations(
     browser, live_server, support_user
 ):
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import Select
+    from selenium.webdriver.support.ui import Select, WebDriverWait
 
     owner = UserFactory(username="alice")
     source = AccountFactory(owner=owner, funded=1_000)
@@ -83,19 +83,25 @@ def test_support_user_cancels_a_payment_and_sees_the_audit_and_operations(
     browser.find_element(By.NAME, "username").send_keys("sam")
     browser.find_element(By.NAME, "password").send_keys("correct horse battery")
     browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    # a click does not wait for the next page: wait for it explicitly
+    WebDriverWait(browser, 10).until(lambda d: "/admin/login/" not in d.current_url)
     assert "Site administration" in browser.page_source
 
     browser.get(f"{live_server.url}/admin/payments/payment/")
     search = browser.find_element(By.ID, "searchbar")
     search.send_keys(str(payment.pk))
     search.submit()
+    WebDriverWait(browser, 10).until(lambda d: "q=" in d.current_url)
     rows = browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")
     assert len(rows) == 1 and str(payment.pk) in rows[0].text
 
     rows[0].find_element(By.CSS_SELECTOR, "input.action-select").click()
     Select(browser.find_element(By.NAME, "action")).select_by_value("cancel_payments")
     browser.find_element(By.NAME, "index").click()
-    assert "1 payment(s) cancelled" in browser.find_element(By.CSS_SELECTOR, ".messagelist").text
+    message = WebDriverWait(browser, 10).until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, ".messagelist")
+    )
+    assert "1 payment(s) cancelled" in message[0].text
 
     browser.get(f"{live_server.url}/admin/payments/payment/{payment.pk}/change/")
     status = browser.find_element(By.CSS_SELECTOR, ".field-status .readonly").text

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from ledger.models import Account, JournalEntry, ReconciliationRun
 from payments import execution
-from payments.models import Payment, PaymentStatus
+from payments.models import Payment
 from tests.factories import UserFactory
 from tests.payments.engine import make_due, sweep
 
