@@ -41,6 +41,14 @@ def decode_cursor(cursor: str, count: int) -> list[str]:
     return parts
 
 
+def decode_id_cursor(cursor: str) -> int:
+    """The integer id carried by a cursor from ``encode_cursor(id)``."""
+    (raw,) = decode_cursor(cursor, 1)
+    if not raw.isdigit():
+        raise InvalidRequest("Invalid cursor.", fields={"cursor": "not a cursor from this API"})
+    return int(raw)
+
+
 def payment_list(
     *,
     client: AbstractBaseUser,

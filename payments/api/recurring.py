@@ -11,9 +11,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from .. import recurring, webhooks
-from ..exceptions import InvalidRequest, NotFound
+from ..exceptions import NotFound
 from ..models import RecurringOccurrence, RecurringPayment
-from ..selectors import decode_cursor, encode_cursor, newest_first_page
+from ..selectors import decode_id_cursor, encode_cursor, newest_first_page
 from . import serializers as s
 from .views import ERROR, IDEMPOTENCY_HEADER, idempotent, parse
 
@@ -44,10 +44,7 @@ def _owned(request, raw_id) -> RecurringPayment:
 
 def _page(qs, cursor: str | None, limit: int):
     if cursor:
-        (raw,) = decode_cursor(cursor, 1)
-        if not raw.isdigit():
-            raise InvalidRequest("Invalid cursor.", fields={"cursor": "not a cursor from this API"})
-        qs = qs.filter(pk__lt=int(raw))
+        qs = qs.filter(pk__lt=decode_id_cursor(cursor))
     rows = list(qs.order_by("-pk")[: limit + 1])
     return rows[:limit], (encode_cursor(rows[limit - 1].pk) if len(rows) > limit else None)
 

@@ -268,12 +268,7 @@ class AccountTransactionsView(APIView):
         query = parse(s.StatementQuery, request.query_params.dict())
         before = None
         if query.get("cursor"):
-            (raw,) = selectors.decode_cursor(query["cursor"], 1)
-            if not raw.isdigit():
-                raise InvalidRequest(
-                    "Invalid cursor.", fields={"cursor": "not a cursor from this API"}
-                )
-            before = int(raw)
+            before = selectors.decode_id_cursor(query["cursor"])
         limit = query["limit"]
         rows = ledger_selectors.account_statement(
             account_id=account.pk, before_posting_id=before, limit=limit + 1
