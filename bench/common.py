@@ -180,10 +180,6 @@ class Service:
                 str(workers),
                 "--threads",
                 str(threads),
-                "--access-logfile",
-                "",
-                "--error-logfile",
-                "-",
             ],
         )
 

@@ -24,7 +24,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from .db import bulk_update_rows
+from .db import bulk_insert_rows, bulk_update_rows
 from .exceptions import (
     AccountNotActive,
     AccountNotFound,
@@ -308,11 +308,11 @@ class LedgerBatch:
     def flush(self) -> None:
         """Write all applied operations with bulk statements."""
         if self._entries:
-            JournalEntry.objects.bulk_create(self._entries)
+            bulk_insert_rows(self._entries)
         if self._postings:
-            Posting.objects.bulk_create(self._postings)
+            bulk_insert_rows(self._postings)
         if self._new_holds:
-            Hold.objects.bulk_create(self._new_holds)
+            bulk_insert_rows(self._new_holds)
         if self._changed_holds:
             bulk_update_rows(list(self._changed_holds.values()), ["status", "entry", "resolved_at"])
         if self._changed_accounts:

@@ -29,7 +29,7 @@ from datetime import datetime
 
 from django.db import transaction
 
-from ledger.db import bulk_update_rows
+from ledger.db import bulk_insert_rows, bulk_update_rows
 from ledger.exceptions import DuplicateReference, LedgerError
 from ledger.models import HoldStatus, JournalEntry
 from ledger.services import LedgerBatch
@@ -80,8 +80,8 @@ def execute_chunk(items: list[tuple[str, int]], *, worker: str = WORKER) -> Chun
             due.append(payment)
         if due:
             _run(due, now, worker, result, attempts, events)
-        PaymentAttempt.objects.bulk_create(attempts)
-        PaymentEvent.objects.bulk_create(events)
+        bulk_insert_rows(attempts)
+        bulk_insert_rows(events)
         transaction.on_commit(lambda: _after_commit(result))
     if result.stale:
         logger.info("skipped %s stale deliveries", len(result.stale), extra={"stale": result.stale})
