@@ -3,8 +3,12 @@
 Every movement of money goes through :class:`LedgerBatch`, a unit of work that
 
 1. locks the accounts it may touch in ascending primary-key order
-   (``SELECT … FOR UPDATE``), then the holds it may touch, so two batches can
-   never deadlock on each other;
+   (``SELECT … FOR NO KEY UPDATE``), then the holds it may touch, so two
+   batches can never deadlock on each other. ``NO KEY``: a balance change
+   never changes a key, and this lock, unlike ``FOR UPDATE``, does not block
+   the ``FOR KEY SHARE`` that PostgreSQL's deferred foreign-key checks take at
+   COMMIT — with ``FOR UPDATE``, two payments scheduled at once between the
+   same two accounts in opposite directions deadlocked in their COMMITs;
 2. applies operations to the locked in-memory rows, validating each one first:
    an operation either applies completely or raises :class:`LedgerError`
    leaving the batch as it was, so one bad transfer does not spoil a batch;
@@ -56,7 +60,10 @@ def lock_accounts(account_ids: Iterable[int]) -> dict[int, Account]:
     Caller must be inside ``transaction.atomic()``.
     """
     ids = sorted(set(account_ids))
-    return {a.pk: a for a in Account.objects.filter(pk__in=ids).order_by("pk").select_for_update()}
+    return {
+        a.pk: a
+        for a in Account.objects.filter(pk__in=ids).order_by("pk").select_for_update(no_key=True)
+    }
 
 
 @dataclass(frozen=True)
@@ -88,7 +95,9 @@ class LedgerBatch:
         self.holds: dict[int, Hold] = (
             {
                 h.pk: h
-                for h in Hold.objects.filter(pk__in=hold_ids).order_by("pk").select_for_update()
+                for h in Hold.objects.filter(pk__in=hold_ids)
+                .order_by("pk")
+                .select_for_update(no_key=True)
             }
             if hold_ids
             else {}
@@ -476,7 +485,7 @@ def entry_reverse(
 ) -> JournalEntry:
     """Post an entry that exactly negates ``entry_id``; the original stays untouched."""
     with transaction.atomic():
-        original = JournalEntry.objects.select_for_update().get(pk=entry_id)
+        original = JournalEntry.objects.select_for_update(no_key=True).get(pk=entry_id)
         if JournalEntry.objects.filter(reverses=original).exists():
             raise EntryAlreadyReversed(f"Entry {entry_id} is already reversed.", entry_id=entry_id)
         legs = [Leg(p.account_id, -p.amount) for p in original.postings.order_by("pk")]

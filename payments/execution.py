@@ -60,7 +60,7 @@ def execute_chunk(items: list[tuple[str, int]], *, worker: str = WORKER) -> Chun
     with transaction.atomic():
         now = db_now()
         payments = list(
-            Payment.objects.select_for_update(of=("self",))
+            Payment.objects.select_for_update(no_key=True, of=("self",))
             .filter(pk__in=list(fences))
             .order_by("pk")
         )
@@ -209,7 +209,11 @@ def payment_execute_now(*, payment_id, execution_id: str) -> Payment:
     from .exceptions import NotFound, PaymentNotDue
 
     with transaction.atomic():
-        payment = Payment.objects.select_for_update(of=("self",)).filter(pk=payment_id).first()
+        payment = (
+            Payment.objects.select_for_update(no_key=True, of=("self",))
+            .filter(pk=payment_id)
+            .first()
+        )
         if payment is None:
             raise NotFound(f"Payment {payment_id} not found.", payment_id=str(payment_id))
         if payment.status not in (PaymentStatus.PENDING, PaymentStatus.QUEUED):

@@ -49,7 +49,7 @@ def idempotency_begin(*, client: AbstractBaseUser, key: str, fingerprint: str) -
         try:
             with transaction.atomic():
                 record = (
-                    IdempotencyKey.objects.select_for_update()
+                    IdempotencyKey.objects.select_for_update(no_key=True)
                     .filter(client=client, key=key)
                     .first()
                 )

@@ -193,7 +193,7 @@ def recurring_create(*, client: AbstractBaseUser, **fields) -> RecurringPayment:
 
 
 def _lock(schedule_id, client) -> RecurringPayment:
-    qs = RecurringPayment.objects.select_for_update(of=("self",))
+    qs = RecurringPayment.objects.select_for_update(no_key=True, of=("self",))
     if client is not None:
         qs = qs.filter(from_account__owner=client)
     schedule = qs.filter(pk=schedule_id).first()
@@ -303,7 +303,7 @@ def materialize_one(schedule_id, result: MaterializeResult | None = None) -> Mat
     result = result or MaterializeResult()
     with transaction.atomic():
         schedule = (
-            RecurringPayment.objects.select_for_update(skip_locked=True)
+            RecurringPayment.objects.select_for_update(no_key=True, skip_locked=True)
             .filter(pk=schedule_id, status=RecurringStatus.ACTIVE)
             .first()
         )

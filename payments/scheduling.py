@@ -3,7 +3,7 @@
 PostgreSQL holds every timer; Redis only carries "this chunk is due" hints.
 
 - ``sweep_due`` claims due PENDING rows in one statement
-  (``FOR UPDATE SKIP LOCKED``, so several sweepers never claim the same row),
+  (``FOR NO KEY UPDATE SKIP LOCKED``, so several sweepers never claim the same row),
   sets them QUEUED with a new fence and a lease, commits, then publishes one
   message per (partition, chunk) with an ETA at the chunk's due time.
 - ``reap_leases`` returns QUEUED rows whose lease expired to PENDING with a new
@@ -58,7 +58,7 @@ WITH due AS (
        AND run_at <= clock_timestamp() + make_interval(secs => %(lookahead)s)
      ORDER BY run_at
      LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED
+       FOR NO KEY UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE payments_payment p
        SET status = 'QUEUED',
@@ -231,7 +231,7 @@ WITH expired AS (
        AND attempts < %(max_attempts)s
      ORDER BY lease_expires_at
      LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED
+       FOR NO KEY UPDATE SKIP LOCKED
 ), requeued AS (
     UPDATE payments_payment p
        SET status = 'PENDING',
@@ -322,7 +322,7 @@ def _dead_letter(payment_id) -> bool:
     """FAILED ``max_attempts_exceeded`` with the hold released; staff can retry it."""
     with transaction.atomic():
         payment = (
-            Payment.objects.select_for_update(skip_locked=True)
+            Payment.objects.select_for_update(no_key=True, skip_locked=True)
             .filter(pk=payment_id, status=PaymentStatus.QUEUED)
             .first()
         )

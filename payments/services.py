@@ -194,7 +194,7 @@ def payment_schedule(
 
 
 def _lock_open_payment(payment_id: uuid.UUID, client: AbstractBaseUser | None) -> Payment:
-    qs = Payment.objects.select_for_update(of=("self",)).select_related("from_account")
+    qs = Payment.objects.select_for_update(no_key=True, of=("self",)).select_related("from_account")
     if client is not None:
         qs = qs.filter(from_account__owner=client)
     payment = qs.filter(pk=payment_id).first()

@@ -116,7 +116,7 @@ def _claim(delivery_id) -> WebhookDelivery | None:
     """Lock a due pending delivery and push its next attempt out (a short lease)."""
     with transaction.atomic():
         delivery = (
-            WebhookDelivery.objects.select_for_update(skip_locked=True)
+            WebhookDelivery.objects.select_for_update(no_key=True, skip_locked=True)
             .select_related("endpoint")
             .filter(pk=delivery_id, status=DeliveryStatus.PENDING)
             .first()
