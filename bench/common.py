@@ -246,7 +246,11 @@ def exactly_once_check() -> dict:
     completed = Payment.objects.filter(status="COMPLETED").count()
     entries = JournalEntry.objects.filter(reference__startswith="payment:").count()
     duplicate_refs = (
-        JournalEntry.objects.values("reference").annotate(n=Count("id")).filter(n__gt=1).count()
+        JournalEntry.objects.filter(reference__startswith="payment:")
+        .values("reference")
+        .annotate(n=Count("id"))
+        .filter(n__gt=1)
+        .count()
     )
     report = reconcile()
     return {
