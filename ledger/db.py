@@ -53,12 +53,17 @@ def _unnest(objs, columns, *, add: bool) -> tuple[str, list[str], list[list]]:
     return unnest, selects, params
 
 
-def bulk_insert_rows(objs: Sequence[models.Model]) -> None:
+def bulk_insert_rows(objs: Sequence[models.Model], *, read_back: bool = True) -> None:
     """Insert ``objs`` (all of one model, not yet saved) in one statement.
 
     As ``bulk_create`` does, the objects come back saved: primary keys set
     (an auto pk is taken from the table's sequence first, so rows inserted
     afterwards can refer to it) and database defaults read back.
+
+    ``read_back=False`` is for rows nothing refers to afterwards (postings,
+    attempts, events): the database assigns auto pks and defaults itself and
+    nothing is read back, saving the sequence round trip; the objects' auto
+    pks stay ``None``.
     """
     if not objs:
         return
@@ -77,8 +82,13 @@ def bulk_insert_rows(objs: Sequence[models.Model]) -> None:
     if connection.vendor != "postgresql" or mixed:
         model.objects.bulk_create(objs)
         return
-    qn = connection.ops.quote_name
-    if isinstance(pk, AutoFieldMixin) and any(obj.pk is None for obj in objs):
+    auto_pk = isinstance(pk, AutoFieldMixin) and any(obj.pk is None for obj in objs)
+    if not read_back:
+        skipped = [*db_defaults, pk] if auto_pk else db_defaults
+        columns = [f for f in meta.concrete_fields if f not in skipped]
+        _insert(meta.db_table, columns, objs, returning=None)
+        return
+    if auto_pk:
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT nextval(pg_get_serial_sequence(%s, %s)) FROM generate_series(1, %s)",
@@ -87,23 +97,32 @@ def bulk_insert_rows(objs: Sequence[models.Model]) -> None:
             for obj, (value,) in zip(objs, cursor.fetchall(), strict=True):
                 obj.pk = value
     columns = [f for f in meta.concrete_fields if f not in db_defaults]
-    unnest, selects, params = _unnest(objs, columns, add=True)
-    aliases = ", ".join(f"_c{i}" for i in range(len(columns)))
-    names = ", ".join(qn(f.column) for f in columns)
-    returning = ", ".join(qn(f.column) for f in [pk, *db_defaults])
-    # Identifiers come from model metadata; every value is a bound array.
-    sql = (
-        f"INSERT INTO {qn(meta.db_table)} ({names}) "  # noqa: S608
-        f"SELECT {', '.join(selects)} FROM {unnest} AS v({aliases}) RETURNING {returning}"
-    )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        returned = {row[0]: row[1:] for row in cursor.fetchall()}
+    returned = {
+        row[0]: row[1:]
+        for row in _insert(meta.db_table, columns, objs, returning=[pk, *db_defaults])
+    }
     for obj in objs:
         for field, value in zip(db_defaults, returned[obj.pk], strict=True):
             setattr(obj, field.attname, value)
         obj._state.adding = False
         obj._state.db = connection.alias
+
+
+def _insert(table: str, columns, objs, *, returning) -> list[tuple]:
+    qn = connection.ops.quote_name
+    unnest, selects, params = _unnest(objs, columns, add=True)
+    aliases = ", ".join(f"_c{i}" for i in range(len(columns)))
+    names = ", ".join(qn(f.column) for f in columns)
+    # Identifiers come from model metadata; every value is a bound array.
+    sql = (
+        f"INSERT INTO {qn(table)} ({names}) "  # noqa: S608
+        f"SELECT {', '.join(selects)} FROM {unnest} AS v({aliases})"
+    )
+    if returning:
+        sql += " RETURNING " + ", ".join(qn(f.column) for f in returning)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall() if returning else []
 
 
 def bulk_update_rows(objs: Sequence[models.Model], fields: Sequence[str]) -> None:

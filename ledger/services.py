@@ -319,7 +319,7 @@ class LedgerBatch:
         if self._entries:
             bulk_insert_rows(self._entries)
         if self._postings:
-            bulk_insert_rows(self._postings)
+            bulk_insert_rows(self._postings, read_back=False)
         if self._new_holds:
             bulk_insert_rows(self._new_holds)
         if self._changed_holds:

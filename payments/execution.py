@@ -80,8 +80,8 @@ def execute_chunk(items: list[tuple[str, int]], *, worker: str = WORKER) -> Chun
             due.append(payment)
         if due:
             _run(due, now, worker, result, attempts, events)
-        bulk_insert_rows(attempts)
-        bulk_insert_rows(events)
+        bulk_insert_rows(attempts, read_back=False)
+        bulk_insert_rows(events, read_back=False)
         transaction.on_commit(lambda: _after_commit(result))
     if result.stale:
         logger.info("skipped %s stale deliveries", len(result.stale), extra={"stale": result.stale})
