@@ -10,7 +10,11 @@ PostgreSQL holds every timer; Redis only carries "this chunk is due" hints.
   fence (so a late copy of the old message is fenced out), or dead-letters
   them after ``PAYMENT_MAX_ATTEMPTS`` claims.
 
-Due-ness is decided by the database clock (``clock_timestamp()``).
+Due-ness is decided by the database clock. The cutoffs use
+``statement_timestamp()`` (the start of the claiming statement): it is
+*stable*, so PostgreSQL bounds the partial-index scan with it; the volatile
+``clock_timestamp()`` can only be a filter, and an idle sweep then reads every
+pending row — its cost would grow with the far-future backlog.
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ _CLAIM_SQL = """
 WITH due AS (
     SELECT id FROM payments_payment
      WHERE status = 'PENDING'
-       AND run_at <= clock_timestamp() + make_interval(secs => %(lookahead)s)
+       AND run_at <= statement_timestamp() + make_interval(secs => %(lookahead)s)
      ORDER BY run_at
      LIMIT %(limit)s
        FOR NO KEY UPDATE SKIP LOCKED
@@ -227,7 +231,7 @@ def sweep_due(*, max_batches: int = 50) -> SweepResult:
 _REQUEUE_SQL = """
 WITH expired AS (
     SELECT id FROM payments_payment
-     WHERE status = 'QUEUED' AND lease_expires_at < clock_timestamp()
+     WHERE status = 'QUEUED' AND lease_expires_at < statement_timestamp()
        AND attempts < %(max_attempts)s
      ORDER BY lease_expires_at
      LIMIT %(limit)s

@@ -236,3 +236,47 @@ def test_periodic_tasks_installed_by_migration():
 
     tasks = dict(PeriodicTask.objects.values_list("task", "interval__every"))
     assert tasks["payments.sweep"] == 1 and tasks["payments.reap_leases"] == 5
+
+
+def _index_scan(plan: dict, index: str) -> dict | None:
+    if plan.get("Index Name") == index:
+        return plan
+    for child in plan.get("Plans", []):
+        if (found := _index_scan(child, index)) is not None:
+            return found
+    return None
+
+
+def _explain(sql: str, params: dict) -> dict:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE payments_payment")
+        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
+        return cursor.fetchone()[0][0]["Plan"]
+
+
+def test_idle_sweep_and_reaper_do_not_scan_far_future_rows(alice):
+    """The cutoff must be an index condition, not a filter over every pending row.
+
+    ``clock_timestamp()`` is volatile, so PostgreSQL cannot use it to bound an
+    index scan: an idle sweep read all pending rows (28 ms at 50,000, growing
+    with the backlog). ``statement_timestamp()`` is stable and can.
+    """
+    from tests.payments.engine import bulk_schedule
+
+    far = timezone.now() + timedelta(days=30)
+    bulk_schedule(
+        sources=[alice.account.pk], targets=[alice.other_account.pk], count=500, amount=1, due_at=far
+    )
+    plan = _explain(scheduling._CLAIM_SQL, {"lookahead": 1, "limit": 2000, "lease": 60})
+    scan = _index_scan(plan, "payments_pending_run_at")
+    assert scan is not None and "run_at" in scan.get("Index Cond", ""), scan
+    assert scan.get("Rows Removed by Filter", 0) == 0 and scan["Actual Rows"] == 0
+
+    Payment.objects.update(status="QUEUED", lease_expires_at=far)
+    plan = _explain(scheduling._REQUEUE_SQL, {"max_attempts": 5, "limit": 10_000})
+    scan = _index_scan(plan, "payments_queued_lease")
+    assert scan is not None and "lease_expires_at" in scan.get("Index Cond", ""), scan
+    assert scan.get("Rows Removed by Filter", 0) == 0 and scan["Actual Rows"] == 0
+    assert Payment.objects.filter(status="QUEUED").count() == 500  # nothing claimed
