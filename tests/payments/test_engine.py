@@ -267,7 +267,11 @@ def test_idle_sweep_and_reaper_do_not_scan_far_future_rows(alice):
 
     far = timezone.now() + timedelta(days=30)
     bulk_schedule(
-        sources=[alice.account.pk], targets=[alice.other_account.pk], count=500, amount=1, due_at=far
+        sources=[alice.account.pk],
+        targets=[alice.other_account.pk],
+        count=500,
+        amount=1,
+        due_at=far,
     )
     plan = _explain(scheduling._CLAIM_SQL, {"lookahead": 1, "limit": 2000, "lease": 60})
     scan = _index_scan(plan, "payments_pending_run_at")
