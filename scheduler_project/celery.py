@@ -3,7 +3,7 @@
 import os
 
 from celery import Celery
-from celery.signals import worker_process_shutdown
+from celery.signals import task_postrun, task_prerun, worker_process_shutdown
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "scheduler_project.settings.base")
 
@@ -19,3 +19,14 @@ def _mark_metrics_process_dead(pid=None, **kwargs):
         from prometheus_client import multiprocess
 
         multiprocess.mark_process_dead(pid or os.getpid())
+
+
+@task_prerun.connect
+@task_postrun.connect
+def _recycle_db_connections(task=None, **kwargs):
+    """Django's per-request connection rule, per task (see CELERY_DB_REUSE_MAX)."""
+    if task is not None and getattr(task.request, "is_eager", False):
+        return  # eager (in-process) runs share the caller's connection and transaction
+    from django.db import close_old_connections
+
+    close_old_connections()

@@ -221,6 +221,15 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = env.int("CELERY_WORKER_PREFETCH_MULTIPLIER",
 #   (hard) after 120 s, well inside the lease, and its message redelivered.
 CELERY_TASK_SOFT_TIME_LIMIT = 90
 CELERY_TASK_TIME_LIMIT = 120
+# Database connections in workers: Celery's Django fixup closes every
+# connection before and after every task unless CELERY_DB_REUSE_MAX is set, so
+# each chunk paid a new PostgreSQL backend (fork, auth, cold catalog caches) —
+# a measurable share of a small chunk's cost. We turn that off and instead
+# apply Django's own per-request rule around each task
+# (scheduler_project.celery: close_old_connections — a connection is closed
+# when it saw an error and fails its health check, or is older than
+# CONN_MAX_AGE), so a backend killed under us is replaced at the next task.
+CELERY_DB_REUSE_MAX = 2**62
 # The broker-level visibility timeout (Redis, above) only decides when Redis
 # itself re-delivers an unacknowledged message; our lease
 # (PAYMENT_LEASE_SECONDS) is the real recovery path and is much shorter.

@@ -190,3 +190,47 @@ def test_message_before_due_time_is_not_executed_early(procs):
     payment = Payment.objects.get(pk=pid)
     assert payment.executed_at >= payment.due_at
     assert JournalEntry.objects.filter(reference=f"payment:{pid}").count() == 1
+
+
+def _other_backends() -> set[int]:
+    """PostgreSQL backends on the test database other than this process's own."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        return {pid for (pid,) in cursor.fetchall()}
+
+
+def test_worker_keeps_its_db_connection_and_replaces_a_killed_one(procs):
+    """Workers reuse one connection across tasks (CELERY_DB_REUSE_MAX) and a
+    backend killed between tasks is replaced at the next task, with no failed
+    attempt (close_old_connections + CONN_HEALTH_CHECKS)."""
+    from django.db import connection
+
+    owner = UserFactory()
+    source, target = AccountFactory(owner=owner, funded=1_000).pk, AccountFactory().pk
+
+    def run_one() -> str:
+        (pid,) = bulk_schedule(
+            sources=[source], targets=[target], count=1, amount=5, due_at=db_now()
+        )
+        scheduling.sweep_due()  # no beat: the worker is the only other client of the database
+        wait_until(lambda: all_completed([pid]), 30, message="payment COMPLETED")
+        return pid
+
+    procs.worker(concurrency=1)
+    first = run_one()
+    wait_until(lambda: _other_backends(), 10, message="worker connection still open after task")
+    kept = _other_backends()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", [list(kept)]
+        )
+    second = run_one()
+    assert Payment.objects.get(pk=second).attempts == 1
+    assert "OperationalError" not in procs.logs()  # replaced before use, not after a failure
+    assert _other_backends().isdisjoint(kept)
+    assert_exactly_once([first, second])
