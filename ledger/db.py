@@ -12,6 +12,7 @@ methods.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 
@@ -38,8 +39,13 @@ def _column_value(obj: models.Model, field: models.Field, *, add: bool):
     return value
 
 
+@functools.cache
 def _array_type(field: models.Field) -> tuple[str, str]:
-    """(array parameter type, cast applied to the unnested column)."""
+    """(array parameter type, cast applied to the unnested column).
+
+    Cached per field: ``db_type`` is rebuilt on every call and showed up as a
+    tenth of a one-payment chunk's CPU; a field's type never changes at run time.
+    """
     if isinstance(field, models.JSONField):
         return "text[]", "::jsonb"
     return f"{field.db_type(connection)}[]", ""
