@@ -37,7 +37,7 @@ from .serializers import StrictSerializer
 
 IDEMPOTENCY_HEADER = OpenApiParameter(
     "Idempotency-Key",
-    OpenApiTypes.STR,
+    {"type": "string", "minLength": 1, "maxLength": 255},
     OpenApiParameter.HEADER,
     description="Retry-safe key (1 to 255 chars), kept 24 h, scoped to the client.",
 )
@@ -64,6 +64,10 @@ def idempotent(handler):
                 "Idempotency-Key must be 1 to 255 characters.",
                 fields={"Idempotency-Key": "1 to 255 characters"},
             )
+        if "\x00" in request.path:
+            # An id with U+0000 names nothing. Answer before the key is claimed:
+            # a stored response quoting it would not fit in jsonb (a 500).
+            raise NotFound("Not found.")
         body = request.data if request.content_type.startswith("application/json") else None
         fingerprint = request_fingerprint(request.method, request.path, body)
         claim = idempotency_begin(client=request.user, key=key, fingerprint=fingerprint)

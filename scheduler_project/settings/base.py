@@ -131,7 +131,8 @@ REST_FRAMEWORK = {
     "DEFAULT_THROTTLE_CLASSES": ["payments.api.auth.ClientRateThrottle"],
     "DEFAULT_THROTTLE_RATES": {"client": env.str("API_THROTTLE_RATE", default="100/s")},
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    # DRF's JSON parser plus a 400 for JSON that PostgreSQL or UTF-8 cannot carry.
+    "DEFAULT_PARSER_CLASSES": ["payments.api.parsers.JSONParser"],
     "EXCEPTION_HANDLER": "payments.api.errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
