@@ -727,6 +727,9 @@ def markdown(report: dict) -> str:
         "",
         f"Command: `{report['command']}`",
         "",
+        "Service settings: defaults"
+        + "".join(f", {k}={v}" for k, v in report.get("env_overrides", {}).items()),
+        "",
         "## Targets",
         "",
         "| target | limit | measured | met |",
@@ -934,6 +937,10 @@ def main() -> int:
         "command": "bench/run.py " + " ".join(sys.argv[1:]),
         "git": git,
         "machine": machine(),
+        # service settings differing from the defaults in settings/base.py
+        "env_overrides": {
+            k: v for k, v in sorted(os.environ.items()) if k.startswith(("PAYMENT_", "CELERY_"))
+        },
         "results": results,
         "targets": target_rows(results),
     }
