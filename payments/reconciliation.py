@@ -2,7 +2,7 @@
 every COMPLETED payment has exactly one journal entry — its own
 ``payment:<id>`` — and no other payment has one."""
 
-from django.db.models import Exists, OuterRef
+from django.db.models import OuterRef, Subquery
 
 from ledger.models import JournalEntry
 from ledger.reconciliation import Check, CheckResult, Mismatch, Progress, register_check
@@ -28,22 +28,31 @@ def _check(result: CheckResult, progress: Progress) -> None:
         if result.rows_checked % 5_000 == 0:
             progress.advance(5_000)
     progress.advance(result.rows_checked % 5_000)
-    orphans = (
-        JournalEntry.objects.filter(reference__startswith=PREFIX)
-        .exclude(
-            Exists(
-                Payment.objects.filter(journal_entry=OuterRef("pk"), status=PaymentStatus.COMPLETED)
-            )
-        )
-        .values_list("pk", "reference")
-    )
-    for entry_id, reference in orphans.iterator():
+    for entry_id, reference in orphan_entries().iterator():
         result.add(
             Mismatch(
                 f"entry {entry_id} ({reference}) belongs to no COMPLETED payment",
                 {"entry_id": entry_id, "reference": reference},
             )
         )
+
+
+def orphan_entries():
+    """``payment:`` entries that belong to no COMPLETED payment: (id, reference) rows.
+
+    The payment is looked up by its unique ``journal_entry_id`` alone and its
+    status compared outside the subquery. With ``AND status = 'COMPLETED'``
+    inside, stale statistics right after a large drain (before autovacuum's
+    ANALYZE) made PostgreSQL choose a nested-loop anti join over the status
+    index: entries x payments comparisons, hours at 100,000 payments.
+    """
+    payment_status = Payment.objects.filter(journal_entry=OuterRef("pk")).values("status")[:1]
+    return (
+        JournalEntry.objects.filter(reference__startswith=PREFIX)
+        .annotate(payment_status=Subquery(payment_status))
+        .exclude(payment_status=PaymentStatus.COMPLETED)
+        .values_list("pk", "reference")
+    )
 
 
 register_check(

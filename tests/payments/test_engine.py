@@ -284,3 +284,38 @@ def test_idle_sweep_and_reaper_do_not_scan_far_future_rows(alice):
     assert scan is not None and "lease_expires_at" in scan.get("Index Cond", ""), scan
     assert scan.get("Rows Removed by Filter", 0) == 0 and scan["Actual Rows"] == 0
     assert Payment.objects.filter(status="QUEUED").count() == 500  # nothing claimed
+
+
+def test_reconcile_orphan_check_uses_the_entry_index_with_stale_statistics(alice):
+    """Right after a drain, before autovacuum re-analyzes, PostgreSQL believes no
+    payment is COMPLETED and no ``payment:`` entry exists. The orphan check must
+    still look each entry's payment up by the unique journal_entry_id index, not
+    rescan COMPLETED payments per entry (hours at 100,000 payments)."""
+    from django.db import connection, transaction
+
+    from payments.reconciliation import orphan_entries
+    from tests.payments.engine import bulk_schedule
+
+    ids = bulk_schedule(
+        sources=[alice.account.pk],
+        targets=[alice.other_account.pk],
+        count=300,
+        amount=1,
+        due_at=timezone.now() - timedelta(seconds=1),
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE payments_payment")
+        cursor.execute("ANALYZE ledger_journalentry")
+    with transaction.atomic():
+        claims = scheduling._claim_batch(1_000)
+    execution.execute_chunk([(c.payment_id, c.fence) for c in claims])
+    assert Payment.objects.filter(pk__in=ids, status="COMPLETED").count() == 300
+
+    sql, params = orphan_entries().query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
+        plan = cursor.fetchone()[0][0]["Plan"]
+    assert _index_scan(plan, "payments_payment_journal_entry_id_key") is not None, plan
+    assert _index_scan(plan, "payments_status_due") is None, plan
+    assert list(orphan_entries()) == []
+    assert reconcile().ok
