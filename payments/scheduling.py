@@ -124,12 +124,18 @@ def _claim_batch(limit: int) -> list[Claimed]:
     return [Claimed(str(pk), fence, part, due) for pk, fence, part, due in rows]
 
 
-def chunk_claims(claims: list[Claimed]) -> list[tuple[int, datetime, list[Claimed]]]:
+def chunk_claims(
+    claims: list[Claimed], now: datetime | None = None
+) -> list[tuple[int, datetime, list[Claimed]]]:
     """Group claims into (partition, eta, chunk): same partition, due close together.
 
     A chunk holds at most ``PAYMENT_CHUNK_SIZE`` payments due within
     ``PAYMENT_CHUNK_SPREAD_MS`` of each other; its ETA is its latest due time,
     so no payment in it is attempted early and none waits more than the spread.
+    Payments already due at ``now`` wait for no one, so the spread does not
+    split them: a backlog (the executors fell behind) is claimed in full-size
+    chunks, and the executors catch up at their batched rate instead of
+    paying one message per payment.
     """
     size = settings.PAYMENT_CHUNK_SIZE
     spread = timedelta(milliseconds=settings.PAYMENT_CHUNK_SPREAD_MS)
@@ -141,7 +147,10 @@ def chunk_claims(claims: list[Claimed]) -> list[tuple[int, datetime, list[Claime
         items.sort(key=lambda c: c.due_at)
         current: list[Claimed] = []
         for claim in items:
-            if current and (len(current) >= size or claim.due_at - current[0].due_at > spread):
+            waits = now is None or claim.due_at > now  # would hold the chunk back
+            if current and (
+                len(current) >= size or (waits and claim.due_at - current[0].due_at > spread)
+            ):
                 chunks.append((partition, current[-1].due_at, current))
                 current = []
             current.append(claim)
@@ -156,7 +165,7 @@ def publish_claims(claims: list[Claimed]) -> int:
 
     now = db_now()
     sent = 0
-    for partition, eta, chunk in chunk_claims(claims):
+    for partition, eta, chunk in chunk_claims(claims, now):
         options = {"queue": queue_name(partition)}
         if eta > now:
             options["countdown"] = (eta - now).total_seconds()
@@ -192,6 +201,25 @@ def queued_count() -> int:
     return Payment.objects.filter(status=PaymentStatus.QUEUED).count()
 
 
+def executors_behind() -> bool:
+    """Whether the oldest QUEUED claim has waited more than half its lease.
+
+    Then the executors are behind (or its message was lost): claiming more
+    would only publish leases that expire before a worker reaches them, and
+    every expiry costs the payment an attempt and the queue a duplicate
+    message — under sustained overload that fed on itself until healthy
+    payments were dead-lettered. The backlog waits as PENDING instead and is
+    claimed, in full-size chunks, once the executors catch up. One read of the
+    partial index on QUEUED leases.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT min(lease_expires_at) FROM payments_payment WHERE status = 'QUEUED'")
+        oldest = cursor.fetchone()[0]
+    if oldest is None:
+        return False
+    return oldest - db_now() < timedelta(seconds=settings.PAYMENT_LEASE_SECONDS / 2)
+
+
 def sweep_due(*, max_batches: int = 50) -> SweepResult:
     """Claim and publish everything due (within the lookahead), batch by batch.
 
@@ -203,7 +231,7 @@ def sweep_due(*, max_batches: int = 50) -> SweepResult:
     batch_size = settings.PAYMENT_SWEEP_BATCH
     for _ in range(max_batches):
         room = settings.PAYMENT_MAX_QUEUED - queued_count()
-        if room <= 0:
+        if room <= 0 or executors_behind():
             result.backpressure = True
             break
         with transaction.atomic():

@@ -3,6 +3,7 @@
 from datetime import timedelta
 
 import pytest
+from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
 
@@ -10,6 +11,7 @@ from ledger import services as ledger
 from ledger.models import Account, JournalEntry
 from ledger.reconciliation import reconcile
 from payments import execution, scheduling
+from payments.clock import db_now
 from payments.models import Payment, PaymentAttempt, PaymentStatus
 from tests.payments.engine import capture_publish, make_due, sweep
 
@@ -179,6 +181,47 @@ def test_chunking_by_partition_size_and_spread(settings):
         (0, t0 + timedelta(milliseconds=500), ["d"]),
         (3, t0, ["e"]),
     ]
+
+
+def test_overdue_claims_are_not_split_by_the_spread(settings):
+    """A backlog (all already due) goes out in full-size chunks; payments not yet
+    due still respect the spread, so none waits for a later one."""
+    settings.PAYMENT_CHUNK_SIZE = 3
+    settings.PAYMENT_CHUNK_SPREAD_MS = 50
+    now = timezone.now()
+    due = [now - timedelta(seconds=s) for s in (9, 6, 3, 1, 0)]
+    claims = [scheduling.Claimed(f"o{i}", 1, 0, d) for i, d in enumerate(due)]
+    claims += [
+        scheduling.Claimed("f1", 1, 0, now + timedelta(milliseconds=100)),
+        scheduling.Claimed("f2", 1, 0, now + timedelta(milliseconds=400)),
+    ]
+    chunks = [[c.payment_id for c in chunk] for _, _, chunk in scheduling.chunk_claims(claims, now)]
+    assert chunks == [["o0", "o1", "o2"], ["o3", "o4"], ["f1"], ["f2"]]
+    # without "now" every gap counts, as before
+    assert len(scheduling.chunk_claims(claims)) == 7
+
+
+def test_sweep_holds_back_while_the_oldest_claim_is_past_half_its_lease(
+    alice, monkeypatch, settings
+):
+    """Overload: claims that would wait longer than their lease in the queue are
+    not made; the backlog stays PENDING (no expiries, no attempts spent)."""
+    settings.PAYMENT_LEASE_SECONDS = 60
+    first, *rest = schedule(alice, 3)
+    make_due(first, *rest)
+    with transaction.atomic():
+        (claim,) = scheduling._claim_batch(1)
+    Payment.objects.filter(pk=claim.payment_id).update(
+        lease_expires_at=db_now() + timedelta(seconds=20)  # claimed 40 s ago
+    )
+    result, _ = sweep(monkeypatch)
+    assert result.backpressure and result.claimed == 0
+    assert Payment.objects.filter(status="PENDING").count() == 2
+    Payment.objects.filter(pk=claim.payment_id).update(
+        lease_expires_at=db_now() + timedelta(seconds=50)  # claimed 10 s ago
+    )
+    result, _ = sweep(monkeypatch)
+    assert not result.backpressure and result.claimed == 2
 
 
 def test_backpressure_stops_claiming(alice, monkeypatch, settings):
