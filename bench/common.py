@@ -262,5 +262,8 @@ def exactly_once_check() -> dict:
         ).count(),
         "executed_early": Payment.objects.filter(executed_at__lt=F("due_at")).count(),
         "open": Payment.objects.filter(status__in=OPEN_STATUSES).count(),
+        # every bench payment is funded and valid: any FAILED one is a finding
+        # (e.g. dead-lettered after its leases expired under overload)
+        "failed": Payment.objects.filter(status="FAILED").count(),
         "reconcile_ok": report.ok,
     }

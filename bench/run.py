@@ -960,6 +960,7 @@ def main() -> int:
             and (
                 data["checks"].get("duplicates")
                 or data["checks"].get("open")
+                or data["checks"].get("failed")
                 or not data["checks"].get("reconcile_ok")
             )
         )
