@@ -174,6 +174,7 @@ def main() -> int:
         base = start_web(service)
         if not args.no_executions:
             service.beat()
+            service.timers()
             service.worker(2)
         result = run_load(
             base=base,

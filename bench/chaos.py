@@ -21,8 +21,9 @@ recovery is fast. For ``--minutes`` it
   two recurring schedules (every minute; one runs out of funds);
 - injects faults on a schedule drawn from ``random.Random(seed)`` before the
   run starts (``--print-schedule`` shows it): SIGKILL of a worker's process
-  group, of beat, of a gunicorn worker; Redis SIGKILL + restart on the same
-  port; Redis FLUSHALL; ``pg_terminate_backend`` of all or some of the
+  group (a payment worker or the timer worker), of beat, of a gunicorn
+  worker; Redis SIGKILL + restart on the same port; Redis FLUSHALL;
+  ``pg_terminate_backend`` of all or some of the
   service's PostgreSQL backends, or for 3 s of every one caught inside a
   statement or transaction (only ``scheduler_chaos``'s, never this script's
   own connections, never another database). Killed processes are
@@ -142,7 +143,8 @@ def fault_schedule(seed: int, seconds: float, workers: int) -> list[dict]:
         options: list[tuple[str, str]] = []
         for kind in kinds:
             if kind == "kill_worker":
-                options += [(kind, f"worker{i}") for i in range(workers) if up(f"worker{i}")]
+                names = [f"worker{i}" for i in range(workers)] + ["timers"]
+                options += [(kind, name) for name in names if up(name)]
             elif kind == "kill_beat" and up("beat"):
                 options.append((kind, "beat"))
             elif kind in ("redis_restart", "redis_flushall") and up("redis"):
@@ -151,7 +153,9 @@ def fault_schedule(seed: int, seconds: float, workers: int) -> list[dict]:
                 options.append((kind, "web" if kind == "kill_web_worker" else "postgres"))
         wanted = first.pop(0) if first else None
         candidates = [o for o in options if o[0] == wanted] or options
-        weights = [FAULT_WEIGHTS[k] / (workers if k == "kill_worker" else 1) for k, _ in candidates]
+        weights = [
+            FAULT_WEIGHTS[k] / (workers + 1 if k == "kill_worker" else 1) for k, _ in candidates
+        ]
         kind, target = rng.choices(candidates, weights)[0]
         event = {"at": round(t, 2), "action": kind, "target": target}
         if kind in ("kill_worker", "kill_beat", "redis_restart"):
@@ -288,7 +292,7 @@ LOG_SIGNALS = {
     "chunk_retries": ("worker", "; retry "),
     "chunk_splits": ("worker", "split in two"),
     "chunks_given_up": ("worker", "leaving it to the lease reaper"),
-    "reaper_runs_with_work": ("worker", "reaper requeued"),
+    "reaper_runs_with_work": ("timers", "reaper requeued"),
     "web_500": ("web", "Internal Server Error"),
     "beat_errors": ("beat", "ERROR"),
 }
@@ -583,7 +587,7 @@ class Run:
         self.redis.kill()
 
     def roles(self) -> list[str]:
-        return [f"worker{i}" for i in range(self.args.workers)] + ["beat", "web"]
+        return [f"worker{i}" for i in range(self.args.workers)] + ["timers", "beat", "web"]
 
     def start_role(self, role: str) -> None:
         if role == "redis":
@@ -592,6 +596,8 @@ class Run:
             self.service.beat()
         elif role == "web":
             self.service.gunicorn(WEB_PORT, workers=2, threads=4)
+        elif role == "timers":
+            self.service.timers()
         else:
             self.service.worker(self.args.concurrency, role=role)
 

@@ -149,11 +149,15 @@ class Service:
         return self.start(role, [*command, *args, "-l", "WARNING"])
 
     def worker(self, concurrency: int = 2, role: str = "worker", queues: str | None = None):
+        """A payment worker: every queue but the timer's unless ``queues`` is given."""
         args = ["worker", "-c", str(concurrency), "--without-mingle", "--without-gossip"]
         args += ["-n", f"{role}@%h"]
-        if queues:
-            args += ["-Q", queues]
+        args += ["-Q", queues] if queues else ["-X", "timers"]
         return self.celery(role, *args)
+
+    def timers(self, role: str = "timers"):
+        """The timer worker (sweeper, reaper, materialiser), as in the Procfile."""
+        return self.worker(1, role=role, queues="timers")
 
     def beat(self, role: str = "beat"):
         return self.celery(

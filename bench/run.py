@@ -188,15 +188,25 @@ def scenario_drain(args, hot: bool) -> dict:
     stop = threading.Event()
     with Service(env, "hot" if hot else "drain") as service:
         worker = service.worker(args.concurrency)
+        timers = service.timers()
         beat = service.beat()
         time.sleep(max(0.0, t0_mono - time.monotonic() - 0.5))
-        cpu0 = (tree_cpu_seconds(worker.pid), tree_cpu_seconds(beat.pid), postgres_cpu())
+        cpu0 = (
+            tree_cpu_seconds(worker.pid),
+            tree_cpu_seconds(beat.pid),
+            postgres_cpu(),
+            tree_cpu_seconds(timers.pid),
+        )
         wall0 = time.monotonic()
         sampler = threading.Thread(target=progress_sampler, args=(t0_mono, samples, stop))
         sampler.start()
         remaining = wait_terminal(args.timeout, poll=0.25)
         wall = time.monotonic() - wall0
-        cpu1 = (tree_cpu_seconds(worker.pid), tree_cpu_seconds(beat.pid))
+        cpu1 = (
+            tree_cpu_seconds(worker.pid),
+            tree_cpu_seconds(beat.pid),
+            tree_cpu_seconds(timers.pid),
+        )
         pg_cpu = postgres_cpu_since(cpu0[2])
         rss = tree_rss_mb(worker.pid)
         stop.set()
@@ -224,6 +234,7 @@ def scenario_drain(args, hot: bool) -> dict:
         "cpu": {
             "wall_seconds": round(wall, 1),
             "worker_cpu_seconds": round(cpu1[0] - cpu0[0], 1),
+            "timers_cpu_seconds": round(cpu1[2] - cpu0[3], 1),
             "beat_cpu_seconds": round(cpu1[1] - cpu0[1], 1),
             "postgres_cpu_seconds": round(pg_cpu, 1),
             "worker_rss_mb": rss,
@@ -259,9 +270,10 @@ def scenario_steady(args) -> dict:
     with Service(env, "steady") as service:
         base = start_web(service)
         worker = service.worker(args.concurrency)
+        timers = service.timers()
         service.beat()
         time.sleep(max(0.0, t0_mono - time.monotonic()))
-        cpu0 = (tree_cpu_seconds(worker.pid), postgres_cpu())
+        cpu0 = (tree_cpu_seconds(worker.pid), postgres_cpu(), tree_cpu_seconds(timers.pid))
 
         def load():
             api.update(
@@ -283,7 +295,11 @@ def scenario_steady(args) -> dict:
         else:
             time.sleep(seconds)
         remaining = wait_terminal(args.timeout)
-        cpu1 = (tree_cpu_seconds(worker.pid), postgres_cpu_since(cpu0[1]))
+        cpu1 = (
+            tree_cpu_seconds(worker.pid),
+            postgres_cpu_since(cpu0[1]),
+            tree_cpu_seconds(timers.pid),
+        )
     rows = lateness_rows()
     steady = [(d, (e - d).total_seconds()) for d, e, pk in rows if pk in preloaded]
     lateness = [lat for _, lat in steady]
@@ -305,6 +321,7 @@ def scenario_steady(args) -> dict:
         "api_rates": {"schedule": args.api_schedule_rate, "status": args.api_status_rate},
         "cpu": {
             "worker_cpu_seconds": round(cpu1[0] - cpu0[0], 1),
+            "timers_cpu_seconds": round(cpu1[2] - cpu0[2], 1),
             "postgres_cpu_seconds": round(cpu1[1], 1),
         },
         "checks": exactly_once_check(),
@@ -422,6 +439,7 @@ def measure_sweep(sources, target, repeats: int) -> dict:
 def measure_worker_memory(env, name: str, seconds: float) -> dict:
     with Service(env, name) as service:
         worker = service.worker(2)
+        service.timers()
         service.beat()
         time.sleep(seconds / 2)
         first = tree_rss_mb(worker.pid)

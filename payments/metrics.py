@@ -9,7 +9,7 @@ from the database at scrape time by ``payments.ops.DatabaseCollector``.
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 LATENESS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
@@ -36,6 +36,15 @@ sweep_batch_size = Histogram(
     buckets=(1, 10, 50, 100, 250, 500, 1000, 2000, 5000),
 )
 sweep_runs = Counter("payments_sweep_runs_total", "Sweeper runs")
+sweep_held_back = Counter(
+    "payments_sweep_held_back_total",
+    "Sweeper runs that stopped claiming (too many QUEUED, or executors behind)",
+)
+executor_lag = Gauge(
+    "payments_executor_lag_seconds",
+    "Executors' queue delay seen by the last sweep (oldest live QUEUED claim)",
+    multiprocess_mode="mostrecent",
+)
 reaped = Counter("payments_reaped_leases_total", "Expired leases", ["outcome"])
 chunk_retries = Counter(
     "payments_chunk_retries_total", "Executor chunk retries by error class", ["error_class"]

@@ -7,15 +7,29 @@ queue, keeps the enabled flag staff may have changed).
 
 from __future__ import annotations
 
-# name, task, every (seconds), expires (seconds): a beat message that could not
-# be consumed in time is dropped rather than piling up behind a busy worker.
+# name, task, every (seconds), expires (seconds), queue: a beat message that
+# could not be consumed in time is dropped rather than piling up behind a busy
+# worker. The timer's own tasks go to "timers" (see settings: a worker of its
+# own consumes it, so the sweeper never waits behind payment chunks).
 PERIODIC_TASKS = (
-    ("payments: sweep due payments", "payments.sweep", 1, 5),
-    ("payments: reap expired leases", "payments.reap_leases", 5, 10),
-    ("payments: materialise recurring occurrences", "payments.materialize_recurring", 5, 10),
-    ("payments: retry due webhooks", "payments.retry_webhooks", 10, 20),
-    ("ledger: reconcile", "ledger.reconcile", 3600, 600),
-    ("payments: purge expired idempotency keys", "payments.purge_idempotency_keys", 3600, 600),
+    ("payments: sweep due payments", "payments.sweep", 1, 5, "timers"),
+    ("payments: reap expired leases", "payments.reap_leases", 5, 10, "timers"),
+    (
+        "payments: materialise recurring occurrences",
+        "payments.materialize_recurring",
+        5,
+        10,
+        "timers",
+    ),
+    ("payments: retry due webhooks", "payments.retry_webhooks", 10, 20, "default"),
+    ("ledger: reconcile", "ledger.reconcile", 3600, 600, "default"),
+    (
+        "payments: purge expired idempotency keys",
+        "payments.purge_idempotency_keys",
+        3600,
+        600,
+        "default",
+    ),
 )
 
 
@@ -25,14 +39,14 @@ def install_periodic_tasks(interval_model=None, task_model=None) -> list[str]:
 
         interval_model, task_model = IntervalSchedule, PeriodicTask
     installed = []
-    for name, task, every, expires in PERIODIC_TASKS:
+    for name, task, every, expires, queue in PERIODIC_TASKS:
         interval, _ = interval_model.objects.get_or_create(every=every, period="seconds")
         task_model.objects.update_or_create(
             name=name,
             defaults={
                 "task": task,
                 "interval": interval,
-                "queue": "default",
+                "queue": queue,
                 "expire_seconds": expires,
             },
         )

@@ -24,6 +24,7 @@ that both got hold of a schedule could not create an occurrence twice.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import uuid
@@ -40,8 +41,9 @@ from ledger.services import LedgerBatch
 
 from . import metrics, webhooks
 from .clock import db_now
-from .exceptions import InvalidRequest, NotFound, PaymentError
+from .exceptions import InvalidRequest, NotFound, PaymentError, PaymentNotCancellable
 from .models import (
+    OPEN_STATUSES,
     Actor,
     OccurrenceStatus,
     Payment,
@@ -60,7 +62,7 @@ from .recurrence import (
     validate_cron,
     zone,
 )
-from .services import partition_for
+from .services import partition_for, payment_cancel
 
 logger = logging.getLogger(__name__)
 
@@ -243,7 +245,13 @@ def recurring_update(*, schedule_id, client, **changes) -> RecurringPayment:
 
 
 def recurring_set_status(*, schedule_id, client, action: str) -> RecurringPayment:
-    """pause / resume / cancel. Resuming does not run what fell due while paused."""
+    """pause / resume / cancel. Resuming does not run what fell due while paused.
+
+    Cancelling also cancels the occurrence already materialised (PENDING or
+    QUEUED, at most the materialise-ahead window before it is due) and
+    releases its hold: after a cancel no more money leaves on the schedule's
+    behalf. One that is already executing or done is left as it is.
+    """
     allowed = {
         "pause": ({RecurringStatus.ACTIVE}, RecurringStatus.PAUSED),
         "resume": ({RecurringStatus.PAUSED}, RecurringStatus.ACTIVE),
@@ -271,6 +279,19 @@ def recurring_set_status(*, schedule_id, client, action: str) -> RecurringPaymen
             schedule.next_run_at = None
         schedule.updated_at = now
         schedule.save()
+        if action == "cancel":
+            open_ids = Payment.objects.filter(
+                recurring=schedule, status__in=OPEN_STATUSES
+            ).values_list("pk", flat=True)
+            for payment_id in open_ids:
+                # one executed meanwhile was due, and is done: leave it
+                with contextlib.suppress(PaymentNotCancellable):
+                    payment_cancel(
+                        payment_id=payment_id,
+                        client=client,
+                        actor=Actor.CLIENT if client is not None else Actor.STAFF,
+                        reason="recurring schedule cancelled",
+                    )
     return schedule
 
 

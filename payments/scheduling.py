@@ -52,6 +52,8 @@ class SweepResult:
     batches: int = 0
     seconds: float = 0.0
     backpressure: bool = False
+    lag: float = 0.0
+    catching_up: bool = False
     batch_sizes: list[int] = field(default_factory=list)
 
 
@@ -83,9 +85,11 @@ SELECT id, fence, partition, due_at FROM claimed
 """
 
 
-def _claim_batch(limit: int) -> list[Claimed]:
-    """Claim up to ``limit`` due payments; caller commits before publishing."""
-    lookahead = settings.PAYMENT_LOOKAHEAD_SECONDS
+def _claim_batch(limit: int, lookahead: float | None = None) -> list[Claimed]:
+    """Claim up to ``limit`` payments due within ``lookahead`` seconds (default
+    ``PAYMENT_LOOKAHEAD_SECONDS``); caller commits before publishing."""
+    if lookahead is None:
+        lookahead = settings.PAYMENT_LOOKAHEAD_SECONDS
     lease = settings.PAYMENT_LEASE_SECONDS
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
@@ -201,23 +205,71 @@ def queued_count() -> int:
     return Payment.objects.filter(status=PaymentStatus.QUEUED).count()
 
 
-def executors_behind() -> bool:
-    """Whether the oldest QUEUED claim has waited more than half its lease.
+@dataclass(frozen=True)
+class ExecutorState:
+    behind: bool = False  # stop claiming: claims would outlive their lease
+    lag: float = 0.0  # seconds the executors run behind due time
 
-    Then the executors are behind (or its message was lost): claiming more
-    would only publish leases that expire before a worker reaches them, and
-    every expiry costs the payment an attempt and the queue a duplicate
-    message — under sustained overload that fed on itself until healthy
-    payments were dead-lettered. The backlog waits as PENDING instead and is
-    claimed, in full-size chunks, once the executors catch up. One read of the
-    partial index on QUEUED leases.
+
+_EXECUTOR_STATE_SQL = """
+SELECT lease_expires_at - statement_timestamp(),
+       greatest(extract(epoch FROM statement_timestamp() - greatest(
+           lease_expires_at - make_interval(secs => %(lease)s), run_at)), 0)
+  FROM payments_payment
+ WHERE status = 'QUEUED'
+ ORDER BY lease_expires_at
+ OFFSET %(tolerated)s LIMIT 1
+"""
+
+
+def executor_state() -> ExecutorState:
+    """How far behind the executors are, judged by the oldest live claims.
+
+    The oldest ``PAYMENT_LOST_CLAIMS_TOLERATED`` QUEUED claims are skipped:
+    those may be messages that were lost (a SIGKILLed worker, a Redis
+    restart) and wait for the reaper, not for a worker; counting them would
+    stall every other payment until their lease expired. Past them:
+
+    - ``behind`` when the next oldest claim has waited more than half its
+      lease. Claiming more would only publish leases that expire before a
+      worker reaches them, and every expiry costs the payment an attempt and
+      the queue a duplicate message: under sustained overload that fed on
+      itself until healthy payments were dead-lettered. The backlog waits as
+      PENDING instead and is claimed, in full-size chunks, once the executors
+      catch up.
+    - ``lag``: how long that claim has waited since it should have run — since
+      its run time, or since it was claimed if it was claimed late. It does
+      not count the wait until a payment is due, so it is the executors' queue
+      delay; above ``PAYMENT_CATCH_UP_LAG_MS`` the sweeper claims only
+      payments already due (see ``sweep_due``).
+
+    One short scan of the partial index on QUEUED leases.
     """
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT min(lease_expires_at) FROM payments_payment WHERE status = 'QUEUED'")
-        oldest = cursor.fetchone()[0]
-    if oldest is None:
-        return False
-    return oldest - db_now() < timedelta(seconds=settings.PAYMENT_LEASE_SECONDS / 2)
+    tolerated = settings.PAYMENT_LOST_CLAIMS_TOLERATED
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                _EXECUTOR_STATE_SQL,
+                {"tolerated": tolerated, "lease": settings.PAYMENT_LEASE_SECONDS},
+            )
+            row = cursor.fetchone()
+        if row is None:
+            return ExecutorState()
+        remaining, lag = row[0], float(row[1])
+    else:  # SQLite (embedded default)
+        rows = list(
+            Payment.objects.filter(status=PaymentStatus.QUEUED)
+            .order_by("lease_expires_at")
+            .values_list("lease_expires_at", "run_at")[tolerated : tolerated + 1]
+        )
+        if not rows:
+            return ExecutorState()
+        (expires, run_at), now = rows[0], db_now()
+        claimed_at = expires - timedelta(seconds=settings.PAYMENT_LEASE_SECONDS)
+        remaining = expires - now
+        lag = max((now - max(claimed_at, run_at)).total_seconds(), 0.0)
+    half_lease = timedelta(seconds=settings.PAYMENT_LEASE_SECONDS / 2)
+    return ExecutorState(behind=remaining < half_lease, lag=lag)
 
 
 def sweep_due(*, max_batches: int = 50) -> SweepResult:
@@ -230,12 +282,29 @@ def sweep_due(*, max_batches: int = 50) -> SweepResult:
     result = SweepResult()
     batch_size = settings.PAYMENT_SWEEP_BATCH
     for _ in range(max_batches):
-        room = settings.PAYMENT_MAX_QUEUED - queued_count()
-        if room <= 0 or executors_behind():
+        queued = queued_count()
+        room = settings.PAYMENT_MAX_QUEUED - queued
+        executors = executor_state()
+        result.lag = executors.lag
+        # Top up in whole batches: claiming the few hundred that just freed up
+        # every second would cut a backlog into chunks of a dozen per
+        # partition (measured: half the drain throughput).
+        if room < min(batch_size, settings.PAYMENT_MAX_QUEUED) and queued:
+            room = 0
+        if room <= 0 or executors.behind:
             result.backpressure = True
             break
+        # Catching up: the executors run late, so claiming ahead would only
+        # cut the next second into many small chunks (one message per
+        # payment or so, several times the work of a full chunk) that queue
+        # behind the backlog anyway. Claim only what is due: overdue payments
+        # go out in full chunks and the executors catch up at their batched
+        # rate; the lookahead resumes once the lag is gone.
+        lookahead = None
+        if executors.lag * 1000 > settings.PAYMENT_CATCH_UP_LAG_MS:
+            lookahead, result.catching_up = 0.0, True
         with transaction.atomic():
-            claims = _claim_batch(min(batch_size, room))
+            claims = _claim_batch(min(batch_size, room), lookahead)
         if claims:
             result.messages += publish_claims(claims)
             result.claimed += len(claims)

@@ -80,6 +80,9 @@ def sweep() -> dict:
     result = scheduling.sweep_due()
     metrics.sweep_runs.inc()
     metrics.sweep_duration.observe(result.seconds)
+    metrics.executor_lag.set(result.lag)
+    if result.backpressure:
+        metrics.sweep_held_back.inc()
     for size in result.batch_sizes:
         metrics.sweep_batch_size.observe(size)
     return {"claimed": result.claimed, "messages": result.messages}

@@ -53,7 +53,9 @@ class Processes:
         self.procs.append((name, proc))
         return proc
 
-    def worker(self, concurrency: int = 2, queues: str | None = None) -> subprocess.Popen:
+    def worker(
+        self, concurrency: int = 2, queues: str | None = None, exclude: str | None = None
+    ) -> subprocess.Popen:
         args = [
             "worker",
             "--loglevel",
@@ -65,7 +67,13 @@ class Processes:
         ]
         if queues:
             args += ["-Q", queues]
+        if exclude:
+            args += ["-X", exclude]
         return self._start("worker", args)
+
+    def timers(self) -> subprocess.Popen:
+        """The production topology's timer worker (see Procfile)."""
+        return self.worker(1, queues="timers")
 
     def beat(self) -> subprocess.Popen:
         schedule = self.tmp_path / "beat-schedule"

@@ -238,11 +238,18 @@ CELERY_DB_REUSE_MAX = 2**62
 # Queues: one per payment partition, so payments of one source account are
 # always on one queue and workers can consume any subset
 # (celery -A scheduler_project worker -Q payments.p00,payments.p01). A worker
-# started without -Q consumes all of them plus "default" (sweeper, reaper,
-# maintenance) and "webhooks".
+# started without -Q consumes all of them plus "timers", "default"
+# (maintenance) and "webhooks".
+# "timers" carries the durable timer's own tasks (sweeper, lease reaper,
+# recurring materialiser). In production a small worker of its own consumes
+# it (celery worker -Q timers -c 1) and the payment workers everything else
+# (celery worker -X timers): the sweeper must never wait behind payment
+# chunks in a busy pool, or every payment is late by that wait.
 PAYMENT_PARTITIONS = env.int("PAYMENT_PARTITIONS", default=16)
+TIMER_QUEUE = "timers"
 CELERY_TASK_DEFAULT_QUEUE = "default"
 CELERY_TASK_QUEUES = {
+    TIMER_QUEUE: {"exchange": TIMER_QUEUE, "routing_key": TIMER_QUEUE},
     "default": {"exchange": "default", "routing_key": "default"},
     **{
         f"payments.p{n:02d}": {"exchange": "payments", "routing_key": f"payments.p{n:02d}"}
@@ -251,6 +258,10 @@ CELERY_TASK_QUEUES = {
     "webhooks": {"exchange": "webhooks", "routing_key": "webhooks"},
 }
 CELERY_TASK_CREATE_MISSING_QUEUES = True
+CELERY_TASK_ROUTES = {
+    name: {"queue": TIMER_QUEUE}
+    for name in ("payments.sweep", "payments.reap_leases", "payments.materialize_recurring")
+}
 
 # --- Durable timer (DESIGN §4.1) -------------------------------------------
 # Claim payments this far ahead of due and publish them with an ETA, so they
@@ -269,7 +280,18 @@ PAYMENT_LEASE_SECONDS = env.int("PAYMENT_LEASE_SECONDS", default=60)
 # Backpressure: the sweeper stops claiming while this many are QUEUED, so a
 # backlog waits in PostgreSQL (cheap, durable) rather than as leases that
 # could expire in the broker.
-PAYMENT_MAX_QUEUED = env.int("PAYMENT_MAX_QUEUED", default=50_000)
+# A few seconds of executor work: with the sweeper on its own worker, 50,000
+# were claimed at once in a 100k drain, the leases outran the executors and
+# 11,638 expired (bench, 2 cores); the executors' pace now sets the claiming.
+PAYMENT_MAX_QUEUED = env.int("PAYMENT_MAX_QUEUED", default=10_000)
+# The sweeper also holds back while QUEUED claims have waited more than half
+# their lease, and stops claiming ahead while the executors run late. The
+# oldest this-many claims are ignored for both: they may be lost messages (a
+# killed worker's chunks) waiting for the reaper, not for a worker.
+PAYMENT_LOST_CLAIMS_TOLERATED = env.int("PAYMENT_LOST_CLAIMS_TOLERATED", default=400)
+# Catch-up: while the executors' queue delay exceeds this, the sweeper claims
+# only payments already due (no lookahead), so every message is a full chunk.
+PAYMENT_CATCH_UP_LAG_MS = env.int("PAYMENT_CATCH_UP_LAG_MS", default=250)
 # Claims before a payment is dead-lettered (FAILED max_attempts_exceeded).
 PAYMENT_MAX_ATTEMPTS = env.int("PAYMENT_MAX_ATTEMPTS", default=5)
 # Executor retries of a chunk on transient database errors before splitting it.

@@ -201,27 +201,76 @@ def test_overdue_claims_are_not_split_by_the_spread(settings):
     assert len(scheduling.chunk_claims(claims)) == 7
 
 
-def test_sweep_holds_back_while_the_oldest_claim_is_past_half_its_lease(
-    alice, monkeypatch, settings
-):
-    """Overload: claims that would wait longer than their lease in the queue are
-    not made; the backlog stays PENDING (no expiries, no attempts spent)."""
-    settings.PAYMENT_LEASE_SECONDS = 60
-    first, *rest = schedule(alice, 3)
-    make_due(first, *rest)
+def _claim_and_age(n, claimed_seconds_ago, settings):
     with transaction.atomic():
-        (claim,) = scheduling._claim_batch(1)
-    Payment.objects.filter(pk=claim.payment_id).update(
-        lease_expires_at=db_now() + timedelta(seconds=20)  # claimed 40 s ago
+        claims = scheduling._claim_batch(n)
+    ids = [c.payment_id for c in claims]
+    Payment.objects.filter(pk__in=ids).update(
+        lease_expires_at=db_now()
+        + timedelta(seconds=settings.PAYMENT_LEASE_SECONDS - claimed_seconds_ago),
+        run_at=db_now() - timedelta(seconds=claimed_seconds_ago),
     )
+    return ids
+
+
+def test_sweep_holds_back_while_live_claims_are_past_half_their_lease(alice, monkeypatch, settings):
+    """Overload: claims that would wait longer than their lease in the queue are
+    not made; the backlog stays PENDING (no expiries, no attempts spent). The
+    oldest PAYMENT_LOST_CLAIMS_TOLERATED claims may be lost messages waiting
+    for the reaper: on their own they neither stall the sweep nor count as lag."""
+    settings.PAYMENT_LEASE_SECONDS = 60
+    settings.PAYMENT_LOST_CLAIMS_TOLERATED = 1
+    ids = schedule(alice, 4)
+    make_due(*ids)
+    _claim_and_age(1, 40, settings)  # one lost message, claimed 40 s ago
+    assert scheduling.executor_state() == scheduling.ExecutorState(behind=False, lag=0.0)
+    (waiting,) = _claim_and_age(1, 40, settings)  # a second one: the executors are behind
+    state = scheduling.executor_state()
+    assert state.behind and 39 < state.lag < 45
     result, _ = sweep(monkeypatch)
     assert result.backpressure and result.claimed == 0
     assert Payment.objects.filter(status="PENDING").count() == 2
-    Payment.objects.filter(pk=claim.payment_id).update(
-        lease_expires_at=db_now() + timedelta(seconds=50)  # claimed 10 s ago
+    Payment.objects.filter(pk=waiting).update(
+        lease_expires_at=db_now() + timedelta(seconds=50),  # claimed 10 s ago
+        run_at=db_now() - timedelta(seconds=10),
     )
     result, _ = sweep(monkeypatch)
-    assert not result.backpressure and result.claimed == 2
+    assert not result.backpressure and result.claimed == 2 and 9 < result.lag < 15
+    settings.PAYMENT_LOST_CLAIMS_TOLERATED = 0  # now the lost one counts
+    assert scheduling.executor_state().behind
+
+
+def test_lagging_executors_get_only_due_payments_in_full_chunks(alice, monkeypatch, settings):
+    """While the executors' queue delay exceeds PAYMENT_CATCH_UP_LAG_MS the
+    sweeper does not claim ahead (that would cut the next second into small
+    messages queued behind the backlog); the lookahead resumes after."""
+    settings.PAYMENT_LOST_CLAIMS_TOLERATED = 0
+    settings.PAYMENT_CATCH_UP_LAG_MS = 250
+    settings.PAYMENT_CHUNK_SPREAD_MS = 50
+    waiting, *overdue = schedule(alice, 4)
+    make_due(waiting, *overdue)
+    ahead = schedule(alice, 2)
+    soon = db_now() + timedelta(milliseconds=600)
+    Payment.objects.filter(pk__in=ahead).update(due_at=soon, run_at=soon)
+    Payment.objects.filter(pk=ahead[1]).update(
+        due_at=soon + timedelta(milliseconds=200), run_at=soon + timedelta(milliseconds=200)
+    )
+    Payment.objects.filter(pk__in=overdue).update(run_at=db_now() + timedelta(hours=1))
+    _claim_and_age(1, 2, settings)  # claimed 2 s ago, still waiting for a worker
+    Payment.objects.filter(pk__in=overdue).update(run_at=db_now() - timedelta(seconds=1))
+    state = scheduling.executor_state()
+    assert not state.behind and 1.9 < state.lag < 3
+    result, published = sweep(monkeypatch)
+    assert result.catching_up and not result.backpressure
+    assert (
+        sorted(p for p, _ in published.items()) == sorted(overdue) and result.messages == 1
+    )  # one full chunk
+    assert set(Payment.objects.filter(pk__in=ahead).values_list("status", flat=True)) == {"PENDING"}
+    execution.execute_chunk(published.items())  # the executors catch up
+    execution.execute_chunk([(waiting, Payment.objects.get(pk=waiting).fence)])
+    result, published = sweep(monkeypatch)
+    assert not result.catching_up and sorted(p for p, _ in published.items()) == sorted(ahead)
+    assert result.messages == 2  # not yet due: the spread applies again
 
 
 def test_backpressure_stops_claiming(alice, monkeypatch, settings):
@@ -231,6 +280,21 @@ def test_backpressure_stops_claiming(alice, monkeypatch, settings):
     result, _ = sweep(monkeypatch)
     assert result.claimed == 2
     assert sweep(monkeypatch)[0].backpressure
+
+
+def test_backlog_is_topped_up_in_whole_batches(alice, monkeypatch, settings):
+    """With a backlog QUEUED the sweeper waits until a whole batch fits: topping up
+    the few claims that just freed up would cut the backlog into tiny chunks."""
+    settings.PAYMENT_MAX_QUEUED = 5
+    settings.PAYMENT_SWEEP_BATCH = 3
+    ids = schedule(alice, 7)
+    make_due(*ids)
+    result, published = sweep(monkeypatch)
+    assert result.claimed == 3 and result.backpressure  # 2 would fit, not a batch
+    first = next(iter(published.items()))
+    execution.execute_chunk([first])  # one done: 2 QUEUED, room 3
+    result, _ = sweep(monkeypatch)
+    assert result.claimed == 3 and result.backpressure
 
 
 def test_internal_execute_endpoint(alice, settings, monkeypatch):
@@ -279,6 +343,19 @@ def test_periodic_tasks_installed_by_migration():
 
     tasks = dict(PeriodicTask.objects.values_list("task", "interval__every"))
     assert tasks["payments.sweep"] == 1 and tasks["payments.reap_leases"] == 5
+    queues = dict(PeriodicTask.objects.values_list("task", "queue"))
+    timer_tasks = {"payments.sweep", "payments.reap_leases", "payments.materialize_recurring"}
+    assert {task for task, queue in queues.items() if queue == "timers"} == timer_tasks
+
+
+def test_timer_tasks_are_routed_to_their_own_queue():
+    """The sweeper must not wait behind payment chunks in a busy pool: it and the
+    other timer tasks go to "timers", which the Procfile gives a worker of its own."""
+    from scheduler_project.celery import app
+
+    for name in ("payments.sweep", "payments.reap_leases", "payments.materialize_recurring"):
+        assert app.amqp.router.route({}, name)["queue"].name == "timers"
+    assert app.amqp.router.route({}, "payments.retry_webhooks")["queue"].name == "default"
 
 
 def _index_scan(plan: dict, index: str) -> dict | None:

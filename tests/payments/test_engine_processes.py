@@ -57,7 +57,8 @@ def assert_exactly_once(ids):
 
 
 def test_scheduled_via_api_completes_on_time(procs):
-    procs.worker()
+    procs.worker(exclude="timers")  # the Procfile's topology
+    procs.timers()
     procs.beat()
     alice = Client("alice")
     response = alice.schedule(amount=300, delay_seconds=2)

@@ -321,3 +321,25 @@ def test_two_materialisers_at_once_never_duplicate():
         assert len(times) == len(set(times)) == 32
         assert Payment.objects.filter(recurring=schedule).count() == 32
     assert Account.objects.get(pk=source).held == 5 * 32 * 10
+
+
+def test_cancelling_a_schedule_cancels_its_materialised_occurrence(alice):
+    """No money leaves on a cancelled schedule's behalf: the occurrence already
+    created (within the materialise-ahead window) is cancelled, its hold released."""
+    schedule = make_schedule(
+        alice.account.pk,
+        alice.other_account.pk,
+        start=timezone.now() + timedelta(seconds=30),
+        amount=100,
+    )
+    rid = schedule.pk
+    assert recurring.materialize_due().scheduled == 1
+    (payment,) = Payment.objects.filter(recurring_id=rid)
+    assert payment.status == "PENDING" and Account.objects.get(pk=alice.account.pk).held == 100
+    response = alice.api.post(f"/api/v1/recurring-payments/{rid}/cancel")
+    assert response.status_code == 200 and response.json()["status"] == "cancelled"
+    payment.refresh_from_db()
+    assert payment.status == "CANCELLED"
+    assert payment.events.filter(type="cancelled", actor="client").exists()
+    assert Account.objects.get(pk=alice.account.pk).held == 0
+    assert recurring.materialize_due().scheduled == 0

@@ -20,6 +20,8 @@ class Command(BaseCommand):
             "messages": result.messages,
             "batches": result.batches,
             "backpressure": result.backpressure,
+            "catching_up": result.catching_up,
+            "executor_lag_seconds": round(result.lag, 3),
             "seconds": round(result.seconds, 4),
         }
         if options["json"]:
@@ -28,5 +30,10 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"Claimed {result.claimed} payments in {result.batches} batches, "
                 f"published {result.messages} messages in {result.seconds:.3f}s"
-                + (" (stopped: too many QUEUED)" if result.backpressure else "")
+                + (" (stopped: executors behind or too many QUEUED)" if result.backpressure else "")
+                + (
+                    f" (catching up: executors {result.lag:.2f}s behind, due payments only)"
+                    if result.catching_up
+                    else ""
+                )
             )
