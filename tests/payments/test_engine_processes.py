@@ -57,8 +57,13 @@ def assert_exactly_once(ids):
 
 
 def test_scheduled_via_api_completes_on_time(procs):
+    from scheduler_project.celery import app
+
     procs.worker(exclude="timers")  # the Procfile's topology
     procs.timers()
+    # both workers up before the clock starts: the lateness bound is about the
+    # timer, not about how long two cold workers take to boot on a busy host
+    wait_until(lambda: len(app.control.ping(timeout=0.5)) >= 2, 60, message="workers up")
     procs.beat()
     alice = Client("alice")
     response = alice.schedule(amount=300, delay_seconds=2)
