@@ -7,19 +7,23 @@ queue, keeps the enabled flag staff may have changed).
 
 from __future__ import annotations
 
+from django.conf import settings
+
+TIMERS = settings.TIMER_QUEUE
+
 # name, task, every (seconds), expires (seconds), queue: a beat message that
 # could not be consumed in time is dropped rather than piling up behind a busy
-# worker. The timer's own tasks go to "timers" (see settings: a worker of its
+# worker. The timer's own tasks go to settings.TIMER_QUEUE (a worker of its
 # own consumes it, so the sweeper never waits behind payment chunks).
 PERIODIC_TASKS = (
-    ("payments: sweep due payments", "payments.sweep", 1, 5, "timers"),
-    ("payments: reap expired leases", "payments.reap_leases", 5, 10, "timers"),
+    ("payments: sweep due payments", "payments.sweep", 1, 5, TIMERS),
+    ("payments: reap expired leases", "payments.reap_leases", 5, 10, TIMERS),
     (
         "payments: materialise recurring occurrences",
         "payments.materialize_recurring",
         5,
         10,
-        "timers",
+        TIMERS,
     ),
     ("payments: retry due webhooks", "payments.retry_webhooks", 10, 20, "default"),
     ("ledger: reconcile", "ledger.reconcile", 3600, 600, "default"),
