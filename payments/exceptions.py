@@ -49,3 +49,9 @@ class PaymentNotDue(PaymentError):
     """The payment's scheduled time has not come; nothing runs early."""
 
     code = "payment_not_due"
+
+
+class LimitExceeded(PaymentError):
+    """A per-client quota (active recurring schedules, webhook endpoints) is used up."""
+
+    code = "limit_exceeded"

@@ -32,6 +32,7 @@ STATUS_BY_CODE = {
     "recurring_not_modifiable": 409,
     "idempotency_key_in_use": 409,
     "idempotency_key_reused": 422,
+    "limit_exceeded": 422,
 }
 
 DRF_CODES = {
