@@ -68,3 +68,18 @@ webhook_deliveries = Counter(
 recurring_occurrences = Counter(
     "payments_recurring_occurrences_total", "Recurring occurrences handled", ["status"]
 )
+recurring_errors = Counter(
+    "payments_recurring_errors_total",
+    "Recurring schedules the materialiser could not handle: paused (parked with a reason) "
+    "or retry (database error, left for the next run)",
+    ["outcome"],
+)
+materialize_duration = Histogram(
+    "payments_materialize_duration_seconds",
+    "Duration of one materialiser run (time-boxed by RECURRING_MATERIALIZE_BUDGET_SECONDS)",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10),
+)
+materialize_budget_exhausted = Counter(
+    "payments_materialize_budget_exhausted_total",
+    "Materialiser runs that stopped at their time budget with schedules left for the next run",
+)

@@ -18,12 +18,13 @@ apply to them.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
+from croniter import CroniterError, croniter
 
 NONEXISTENT_POLICIES = ("shift", "skip")
 AMBIGUOUS_POLICIES = ("first", "last", "both")
@@ -92,29 +93,50 @@ class Spec:
 def occurrences(spec: Spec, *, after: datetime | None) -> Iterator[datetime]:
     """UTC instants strictly after ``after`` (from ``start_time`` if None), ascending.
 
-    Stops at ``end_time`` (inclusive). Instants are unique even when a
-    shifted wall time lands on another occurrence.
+    Lazy: a caller takes only what its horizon needs, so the cost never grows
+    with how far ahead a schedule reaches. Stops at ``end_time`` (inclusive)
+    and where the calendar ends: a cron expression with no further match
+    (croniter gives up) or an instant past ``datetime.max`` (year 9999) ends
+    the sequence instead of raising. Instants are unique even when a shifted
+    wall time lands on another occurrence.
     """
     start = spec.start_time
     floor = after if after is not None and after >= start else start - timedelta(microseconds=1)
-    if spec.interval_seconds:
-        step = timedelta(seconds=spec.interval_seconds)
-        k = max(0, (floor - start) // step + 1) if floor >= start else 0
-        while True:
-            instant = start + k * step
-            if spec.end_time is not None and instant > spec.end_time:
-                return
-            if instant > floor:
-                yield instant
-            k += 1
+    try:
+        yield from _interval(spec, floor) if spec.interval_seconds else _cron(spec, floor)
+    except (OverflowError, CroniterError):
+        return  # CroniterError: no further match; OverflowError: past year 9999
+
+
+def _interval(spec: Spec, floor: datetime) -> Iterator[datetime]:
+    start = spec.start_time
+    step = timedelta(seconds=spec.interval_seconds)
+    k = max(0, (floor - start) // step + 1) if floor >= start else 0
+    while True:
+        instant = start + k * step
+        if spec.end_time is not None and instant > spec.end_time:
+            return
+        if instant > floor:
+            yield instant
+        k += 1
+
+
+def _cron(spec: Spec, floor: datetime) -> Iterator[datetime]:
     tz = zone(spec.timezone)
     # Iterate wall times from the local time of the floor instant; croniter on
-    # naive datetimes walks the local calendar without DST arithmetic.
+    # naive datetimes walks the local calendar without DST arithmetic. Near a
+    # DST change a wall time a little before the floor's can still land after
+    # it (shifted out of a gap, or the later of a repeated hour), so start
+    # that much earlier; elsewhere start right at the floor, so an
+    # every-minute cron costs one step per instant, not hours of steps.
     local_floor = floor.astimezone(tz).replace(tzinfo=None)
-    it = croniter(spec.cron, local_floor - timedelta(hours=3))
+    it = croniter(spec.cron, local_floor - _dst_margin(floor, tz))
     last = floor
     while True:
-        local = it.get_next(datetime)
+        try:
+            local = it.get_next(datetime)
+        except ValueError as exc:  # "year 10000 is out of range" from croniter's arithmetic
+            raise OverflowError(str(exc)) from exc
         for instant in resolve_local(
             local, tz, nonexistent=spec.nonexistent, ambiguous=spec.ambiguous
         ):
@@ -125,10 +147,15 @@ def occurrences(spec: Spec, *, after: datetime | None) -> Iterator[datetime]:
                 yield instant
 
 
+def _dst_margin(instant: datetime, tz: ZoneInfo) -> timedelta:
+    """How far before ``instant``'s wall time the enumeration must start: the size of
+    any UTC-offset change within ``MAX_GAP`` of it (plus a minute), else nothing."""
+    offset = instant.astimezone(tz).utcoffset()
+    change = max(
+        abs((instant + delta).astimezone(tz).utcoffset() - offset) for delta in (-MAX_GAP, MAX_GAP)
+    )
+    return change + timedelta(minutes=1) if change else timedelta(0)
+
+
 def upcoming(spec: Spec, *, after: datetime | None, count: int) -> list[datetime]:
-    result = []
-    for instant in occurrences(spec, after=after):
-        result.append(instant)
-        if len(result) >= count:
-            break
-    return result
+    return list(itertools.islice(occurrences(spec, after=after), count))

@@ -1,12 +1,13 @@
 """Recurring payments: schedule services and the materialiser (DESIGN §4.2).
 
-The materialiser (beat, every few seconds) turns each occurrence into an
-ordinary payment shortly before it is due — hold placed, PENDING, picked up by
-the sweeper like any other. Per schedule, under its row lock
-(``SKIP LOCKED``: concurrent materialisers work on different schedules):
+The materialiser (beat, every few seconds, on a worker of its own) turns each
+occurrence into an ordinary payment shortly before it is due — hold placed,
+PENDING, picked up by the sweeper like any other. Per schedule, under its row
+lock (``SKIP LOCKED``: concurrent materialisers work on different schedules):
 
-1. enumerate occurrences after the cursor up to now + the materialise-ahead
-   window (``payments.recurrence``);
+1. enumerate occurrences lazily from the cursor up to now + the
+   materialise-ahead window (``payments.recurrence``): only what the horizon
+   needs is computed, however far the schedule reaches;
 2. occurrences already more than the grace in the past were *missed* (the
    service was down): the missed-run policy decides which run now —
    ``skip`` none, ``run_once`` the latest, ``run_all`` the latest
@@ -18,6 +19,10 @@ the sweeper like any other. Per schedule, under its row lock
 4. the cursor advances; a schedule past its end or its ``max_occurrences``
    ends.
 
+Isolation (DESIGN §8): a run is time-boxed and handles a bounded number of
+instants per schedule; each schedule is its own transaction, and one that
+raises is parked (paused with a reason) instead of stopping the run.
+
 Every occurrence row is UNIQUE (schedule, instant), so even two materialisers
 that both got hold of a schedule could not create an occurrence twice.
 """
@@ -27,13 +32,17 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import time
 import uuid
+from collections import deque
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import transaction
+from django.db import InterfaceError, OperationalError, transaction
+from django.db.models import Q
 
 from ledger.exceptions import AccountNotActive, AccountNotFound, LedgerError
 from ledger.models import Account, AccountStatus
@@ -41,7 +50,13 @@ from ledger.services import LedgerBatch
 
 from . import metrics, webhooks
 from .clock import db_now
-from .exceptions import InvalidRequest, NotFound, PaymentError, PaymentNotCancellable
+from .exceptions import (
+    InvalidRequest,
+    LimitExceeded,
+    NotFound,
+    PaymentError,
+    PaymentNotCancellable,
+)
 from .models import (
     OPEN_STATUSES,
     Actor,
@@ -62,6 +77,7 @@ from .recurrence import (
     validate_cron,
     zone,
 )
+from .recurrence import occurrences as occurrence_times
 from .services import partition_for, payment_cancel
 
 logger = logging.getLogger(__name__)
@@ -110,26 +126,51 @@ def jitter_for(schedule: RecurringPayment, instant: datetime) -> timedelta:
     return timedelta(seconds=round(fraction * schedule.jitter_seconds, 3))
 
 
-def _validate(fields: dict) -> None:
+# What the API accepts, so every accepted schedule can be enumerated to its end
+# without leaving the calendar (datetime stops at year 9999).
+EARLIEST_START = datetime(2000, 1, 1, tzinfo=UTC)
+LATEST_END = datetime(2200, 1, 1, tzinfo=UTC)
+MAX_INTERVAL_SECONDS = 366 * 86400
+
+
+def _invalid(field: str, message: str) -> InvalidRequest:
+    return InvalidRequest(message, fields={field: message})
+
+
+def _validate(fields: dict, *, now: datetime | None = None) -> None:
+    """Input rules of a schedule; with ``now``, also the bounds of a new ``start_time``."""
     try:
         if fields.get("cron"):
             fields["cron"] = validate_cron(fields["cron"])
+    except InvalidSchedule as exc:
+        raise _invalid("cron", str(exc)) from None
+    try:
         zone(fields.get("timezone") or "UTC")
     except InvalidSchedule as exc:
-        raise InvalidRequest(str(exc), fields={"cron": str(exc)}) from None
+        raise _invalid("timezone", str(exc)) from None
     if bool(fields.get("cron")) == bool(fields.get("interval_seconds")):
         raise InvalidRequest(
             "Give exactly one of cron or interval_seconds.",
             fields={"cron": "exactly one of cron, interval_seconds"},
         )
-    if fields.get("interval_seconds") is not None and fields["interval_seconds"] < 60:
-        raise InvalidRequest(
-            "interval_seconds must be at least 60.", fields={"interval_seconds": "at least 60"}
+    interval = fields.get("interval_seconds")
+    if interval is not None and not 60 <= interval <= MAX_INTERVAL_SECONDS:
+        raise _invalid(
+            "interval_seconds", f"interval_seconds must be between 60 and {MAX_INTERVAL_SECONDS}."
         )
-    if fields.get("end_time") and fields["end_time"] <= fields["start_time"]:
-        raise InvalidRequest(
-            "end_time must be after start_time.", fields={"end_time": "after start_time"}
-        )
+    if now is not None:
+        latest_start = now + timedelta(seconds=settings.PAYMENT_MAX_DELAY_SECONDS)
+        if not EARLIEST_START <= fields["start_time"] <= latest_start:
+            raise _invalid(
+                "start_time",
+                f"start_time must be between {EARLIEST_START:%Y-%m-%dT%H:%M:%SZ} and "
+                f"{settings.PAYMENT_MAX_DELAY_SECONDS} seconds from now.",
+            )
+    if fields.get("end_time"):
+        if fields["end_time"] <= fields["start_time"]:
+            raise _invalid("end_time", "end_time must be after start_time.")
+        if fields["end_time"] >= LATEST_END:
+            raise _invalid("end_time", f"end_time must be before {LATEST_END:%Y-%m-%dT%H:%M:%SZ}.")
     if (
         fields.get("dst_nonexistent", "shift") not in NONEXISTENT_POLICIES
         or fields.get("dst_ambiguous", "first") not in AMBIGUOUS_POLICIES
@@ -138,6 +179,25 @@ def _validate(fields: dict) -> None:
     if fields.get("missed_run_policy", "skip") not in MISSED_RUN_POLICIES:
         raise InvalidRequest(
             "Unknown missed-run policy.", fields={"missed_run_policy": "skip, run_once, run_all"}
+        )
+
+
+def _check_quota(client: AbstractBaseUser) -> None:
+    """At most ``RECURRING_MAX_ACTIVE_PER_CLIENT`` active or paused schedules per client.
+
+    Locks the client's user row first, so two concurrent creations of one
+    client are counted one after the other and cannot both take the last place.
+    """
+    get_user_model().objects.select_for_update(no_key=True).filter(pk=client.pk).first()
+    limit = settings.RECURRING_MAX_ACTIVE_PER_CLIENT
+    count = RecurringPayment.objects.filter(
+        from_account__owner=client, status__in=(RecurringStatus.ACTIVE, RecurringStatus.PAUSED)
+    ).count()
+    if count >= limit:
+        raise LimitExceeded(
+            f"At most {limit} active or paused recurring payments per client; "
+            "cancel one to create another.",
+            limit=limit,
         )
 
 
@@ -151,7 +211,7 @@ def recurring_create(*, client: AbstractBaseUser, **fields) -> RecurringPayment:
     now = db_now()
     fields.setdefault("start_time", None)
     fields["start_time"] = fields["start_time"] or now
-    _validate(fields)
+    _validate(fields, now=now)
     with transaction.atomic():
         source = Account.objects.filter(pk=fields["from_account_id"], owner=client).first()
         if source is None:
@@ -159,6 +219,7 @@ def recurring_create(*, client: AbstractBaseUser, **fields) -> RecurringPayment:
                 f"Account {fields['from_account_id']} not found.",
                 account_id=fields["from_account_id"],
             )
+        _check_quota(client)
         if fields["amount"] > source.max_payment_amount:
             raise InvalidRequest(
                 f"amount exceeds this account's limit of {source.max_payment_amount}.",
@@ -186,10 +247,9 @@ def recurring_create(*, client: AbstractBaseUser, **fields) -> RecurringPayment:
             first = planned(schedule, 1)
         schedule.next_run_at = first[0] if first else None
         if schedule.next_run_at is None:
-            raise InvalidRequest(
-                "This schedule has no occurrence in the future.",
-                fields={"end_time": "no occurrence before end_time"},
-            )
+            if schedule.end_time is not None:
+                raise _invalid("end_time", "This schedule has no occurrence before end_time.")
+            raise _invalid("cron", "This cron expression never matches a future date.")
         schedule.save()
     return schedule
 
@@ -304,27 +364,140 @@ class MaterializeResult:
     failed: int = 0
     skipped: int = 0
     schedules: int = 0
+    paused_on_error: int = 0
+    retry_later: int = 0
+    budget_exhausted: bool = False
+    seconds: float = 0.0
 
 
-def materialize_due(*, limit: int = 200) -> MaterializeResult:
-    """Handle every active schedule whose next occurrence is within the window."""
-    result = MaterializeResult()
-    horizon = db_now() + timedelta(seconds=settings.RECURRING_MATERIALIZE_AHEAD_SECONDS)
-    ids = list(
-        RecurringPayment.objects.filter(status=RecurringStatus.ACTIVE, next_run_at__lte=horizon)
-        .order_by("next_run_at")
-        .values_list("pk", flat=True)[:limit]
+def materialize_due(
+    *, budget_seconds: float | None = None, batch: int | None = None
+) -> MaterializeResult:
+    """One bounded run of the materialiser over the schedules that have work.
+
+    Bounded three ways, so no client's schedules can make it slow for others:
+    schedules are read ``batch`` at a time, each is handled for at most
+    ``RECURRING_MAX_OCCURRENCES_PER_RUN`` instants, and no schedule is started
+    once ``budget_seconds`` (``RECURRING_MATERIALIZE_BUDGET_SECONDS``) have
+    passed; the next run, a few seconds later, carries on. Schedules whose
+    next occurrence is on time come first (most urgent first), then those
+    catching up on occurrences missed while the service was down, each schedule
+    at most once per run.
+
+    Each schedule is handled in its own transaction (``materialize_one``). A
+    schedule that raises is parked — paused with a ``status_reason``, a
+    ``recurring.paused`` webhook, a metric and a log line — and the run goes
+    on with the others; a database error that may be transient leaves the
+    schedule untouched for the next run.
+    """
+    started = time.monotonic()
+    budget = (
+        settings.RECURRING_MATERIALIZE_BUDGET_SECONDS if budget_seconds is None else budget_seconds
     )
-    for schedule_id in ids:
-        materialize_one(schedule_id, result)
+    batch = batch or settings.RECURRING_MATERIALIZE_BATCH
+    result = MaterializeResult()
+    now = db_now()
+    horizon = now + timedelta(seconds=settings.RECURRING_MATERIALIZE_AHEAD_SECONDS)
+    cutoff = now - timedelta(seconds=settings.RECURRING_MISSED_GRACE_SECONDS)
+    seen: set = set()
+    for window in (Q(next_run_at__gte=cutoff, next_run_at__lte=horizon), Q(next_run_at__lt=cutoff)):
+        after = None
+        while not result.budget_exhausted:
+            due = RecurringPayment.objects.filter(window, status=RecurringStatus.ACTIVE)
+            if after is not None:
+                due = due.filter(
+                    Q(next_run_at__gt=after[0]) | Q(next_run_at=after[0], pk__gt=after[1])
+                )
+            rows = list(due.order_by("next_run_at", "pk").values_list("next_run_at", "pk")[:batch])
+            for row in rows:
+                if time.monotonic() - started >= budget:
+                    result.budget_exhausted = True
+                    break
+                if row[1] not in seen:
+                    seen.add(row[1])
+                    _materialize_isolated(row[1], result)
+            if len(rows) < batch:
+                break
+            after = rows[-1]
+    result.seconds = time.monotonic() - started
     return result
 
 
+def _materialize_isolated(schedule_id, result: MaterializeResult) -> None:
+    """``materialize_one``, with this schedule's failure kept to this schedule."""
+    try:
+        materialize_one(schedule_id, result)
+    except (OperationalError, InterfaceError):
+        # The database, not the schedule: leave it as it was for the next run.
+        result.retry_later += 1
+        metrics.recurring_errors.labels(outcome="retry").inc()
+        logger.warning("recurring %s: database error, retried next run", schedule_id, exc_info=True)
+    except Exception as exc:
+        result.paused_on_error += 1
+        recurring_park(schedule_id=schedule_id, error=exc)
+
+
+def recurring_park(*, schedule_id, error: BaseException) -> None:
+    """Pause a schedule the materialiser cannot handle, so it cannot stop the others.
+
+    The client sees ``status: paused`` with a ``status_reason`` and gets a
+    ``recurring.paused`` webhook; operators get
+    ``payments_recurring_errors_total{outcome="paused"}`` and the traceback in
+    the log. Resuming it retries; if the fault is still there it is parked again.
+    """
+    metrics.recurring_errors.labels(outcome="paused").inc()
+    logger.error(
+        "recurring %s paused: the materialiser failed on it",
+        schedule_id,
+        exc_info=(type(error), error, error.__traceback__),
+        extra={"recurring_payment_id": str(schedule_id), "error_class": type(error).__name__},
+    )
+    reason = (
+        f"Paused: this schedule could not be processed ({type(error).__name__}); "
+        "operators have been alerted. Resume it to retry."
+    )
+    try:
+        with transaction.atomic():
+            schedule = (
+                RecurringPayment.objects.select_for_update(no_key=True, of=("self",))
+                .select_related("from_account")
+                .filter(pk=schedule_id, status=RecurringStatus.ACTIVE)
+                .first()
+            )
+            if schedule is None:
+                return
+            schedule.status = RecurringStatus.PAUSED
+            schedule.status_reason = reason[:255]
+            schedule.updated_at = db_now()
+            schedule.save(update_fields=["status", "status_reason", "updated_at"])
+            owner = schedule.from_account.owner_id
+            if owner is not None:
+                data = {
+                    "recurring_payment_id": str(schedule.pk),
+                    "reason": "error",
+                    "status_reason": schedule.status_reason,
+                }
+                webhooks.emit([(owner, "recurring.paused", data)])
+    except Exception:  # the database is gone too: the next run tries again
+        logger.exception("could not pause recurring %s", schedule_id)
+
+
 def materialize_one(schedule_id, result: MaterializeResult | None = None) -> MaterializeResult:
+    """Handle one schedule's occurrences up to the horizon, under its row lock.
+
+    Occurrences are enumerated lazily from the cursor, so only what the
+    horizon needs is computed. Missed occurrences (older than the grace) are
+    streamed: all but the last ``keep`` of them (0 for ``skip``, 1 for
+    ``run_once``, ``max_catch_up`` for ``run_all``) are recorded ``skipped``
+    as soon as they are known not to be among the last ones. At most
+    ``RECURRING_MAX_OCCURRENCES_PER_RUN`` instants are handled per call; the
+    cursor then stops there and the schedule stays due for the next run.
+    """
     result = result or MaterializeResult()
     with transaction.atomic():
         schedule = (
-            RecurringPayment.objects.select_for_update(no_key=True, skip_locked=True)
+            RecurringPayment.objects.select_for_update(no_key=True, skip_locked=True, of=("self",))
+            .select_related("from_account")
             .filter(pk=schedule_id, status=RecurringStatus.ACTIVE)
             .first()
         )
@@ -332,30 +505,38 @@ def materialize_one(schedule_id, result: MaterializeResult | None = None) -> Mat
             return result  # another materialiser has it, or it is no longer active
         now = db_now()
         horizon = now + timedelta(seconds=settings.RECURRING_MATERIALIZE_AHEAD_SECONDS)
-        grace = timedelta(seconds=settings.RECURRING_MISSED_GRACE_SECONDS)
-        instants = [t for t in planned(schedule, 10_000) if t <= horizon]
-        missed = [t for t in instants if t < now - grace]
-        on_time = [t for t in instants if t >= now - grace]
+        cutoff = now - timedelta(seconds=settings.RECURRING_MISSED_GRACE_SECONDS)
+        cap = settings.RECURRING_MAX_OCCURRENCES_PER_RUN
         policy = schedule.missed_run_policy
-        run_missed = {
-            "skip": [],
-            "run_once": missed[-1:],
-            "run_all": missed[-schedule.max_catch_up :] if schedule.max_catch_up else [],
-        }[policy]
+        keep = {"skip": 0, "run_once": 1, "run_all": schedule.max_catch_up}[policy]
         occurrences: list[RecurringOccurrence] = []
-        for instant in missed:
-            if instant not in run_missed:
+        missed: deque[datetime] = deque()
+        on_time: list[datetime] = []
+        past_missed = True
+        for instant in occurrence_times(spec_of(schedule), after=schedule.last_occurrence_at):
+            if instant > horizon:
+                break
+            if len(occurrences) + len(on_time) >= cap:
+                past_missed = bool(on_time)
+                break
+            if instant >= cutoff:
+                on_time.append(instant)
+                continue
+            missed.append(instant)
+            if len(missed) > keep:  # not among the last `keep`: it will not run
                 occurrences.append(
                     RecurringOccurrence(
                         recurring=schedule,
-                        scheduled_for=instant,
+                        scheduled_for=missed.popleft(),
                         status=OccurrenceStatus.SKIPPED,
                         reason=f"missed ({policy})",
                     )
                 )
+        # The last `keep` missed ones run only once it is known they are the last.
+        to_run = [*missed, *on_time] if past_missed else []
         events = []
-        for instant in [*run_missed, *on_time]:
-            if schedule.status != RecurringStatus.ACTIVE:
+        for instant in to_run[: max(cap - len(occurrences), 0)]:
+            if schedule.status != RecurringStatus.ACTIVE or _used_up(schedule):
                 break
             due_at = max(instant + jitter_for(schedule, instant), now)
             occurrence, event = _run_occurrence(schedule, instant, due_at)
@@ -378,15 +559,19 @@ def materialize_one(schedule_id, result: MaterializeResult | None = None) -> Mat
             schedule.status = RecurringStatus.ENDED
         schedule.updated_at = now
         schedule.save()
-        owner = (
-            Account.objects.filter(pk=schedule.from_account_id)
-            .values_list("owner_id", flat=True)
-            .first()
-        )
+        owner = schedule.from_account.owner_id
         if owner is not None:
             webhooks.emit((owner, event_type, data) for event_type, data in events)
         result.schedules += 1
     return result
+
+
+def _used_up(schedule: RecurringPayment) -> bool:
+    """``max_occurrences`` counts occurrences that ran or failed, not skipped ones."""
+    return (
+        schedule.max_occurrences is not None
+        and schedule.occurrences_run >= schedule.max_occurrences
+    )
 
 
 def _run_occurrence(schedule: RecurringPayment, instant: datetime, due_at: datetime):

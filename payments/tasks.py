@@ -132,4 +132,22 @@ def materialize_recurring() -> dict:
     from . import recurring
 
     result = recurring.materialize_due()
-    return {"scheduled": result.scheduled, "failed": result.failed, "skipped": result.skipped}
+    metrics.materialize_duration.observe(result.seconds)
+    if result.budget_exhausted:
+        metrics.materialize_budget_exhausted.inc()
+    if result.scheduled or result.failed or result.skipped or result.paused_on_error:
+        logger.info(
+            "materialised %s occurrences (%s failed, %s skipped, %s schedules parked) in %.2fs",
+            result.scheduled,
+            result.failed,
+            result.skipped,
+            result.paused_on_error,
+            result.seconds,
+        )
+    return {
+        "scheduled": result.scheduled,
+        "failed": result.failed,
+        "skipped": result.skipped,
+        "paused_on_error": result.paused_on_error,
+        "budget_exhausted": result.budget_exhausted,
+    }

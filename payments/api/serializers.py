@@ -305,10 +305,14 @@ class RecurringOutput(serializers.Serializer):
         return {"nonexistent": obj.dst_nonexistent, "ambiguous": obj.dst_ambiguous}
 
     def get_upcoming(self, obj) -> list[str]:
+        from ..recurrence import InvalidSchedule
         from ..recurring import planned
 
         field = serializers.DateTimeField()
-        return [field.to_representation(t) for t in planned(obj)]
+        try:
+            return [field.to_representation(t) for t in planned(obj)]
+        except InvalidSchedule:  # a schedule parked for bad data still reads
+            return []
 
     def to_representation(self, instance):
         data = super().to_representation(instance)

@@ -302,6 +302,18 @@ PAYMENT_CHUNK_RETRIES = env.int("PAYMENT_CHUNK_RETRIES", default=3)
 # follows the schedule's missed-run policy.
 RECURRING_MATERIALIZE_AHEAD_SECONDS = env.int("RECURRING_MATERIALIZE_AHEAD_SECONDS", default=60)
 RECURRING_MISSED_GRACE_SECONDS = env.int("RECURRING_MISSED_GRACE_SECONDS", default=60)
+# The materialiser's work per run is bounded whatever clients schedule: it
+# starts no new schedule after this many seconds (the next run, 5 s later,
+# carries on), reads schedules this many at a time, and handles at most this
+# many occurrence instants of one schedule per run (a long catch-up after
+# downtime is spread over runs instead of holding one transaction).
+RECURRING_MATERIALIZE_BUDGET_SECONDS = env.float(
+    "RECURRING_MATERIALIZE_BUDGET_SECONDS", default=2.0
+)
+RECURRING_MATERIALIZE_BATCH = env.int("RECURRING_MATERIALIZE_BATCH", default=200)
+RECURRING_MAX_OCCURRENCES_PER_RUN = env.int("RECURRING_MAX_OCCURRENCES_PER_RUN", default=200)
+# Per-client quota: active + paused schedules (422 limit_exceeded beyond it).
+RECURRING_MAX_ACTIVE_PER_CLIENT = env.int("RECURRING_MAX_ACTIVE_PER_CLIENT", default=100)
 # Webhooks: tries per delivery, first retry delay (doubling, capped at 1 h), HTTP timeout.
 WEBHOOK_MAX_ATTEMPTS = env.int("WEBHOOK_MAX_ATTEMPTS", default=8)
 WEBHOOK_BACKOFF_SECONDS = env.float("WEBHOOK_BACKOFF_SECONDS", default=5.0)

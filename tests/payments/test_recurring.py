@@ -51,7 +51,7 @@ def test_create_get_list_and_upcoming(alice):
         ({"cron": "61 * * * *"}, "cron"),
         ({"cron": "* * * *"}, "cron"),
         ({"interval_seconds": 3600}, "cron"),  # both
-        ({"timezone": "Mars/Base"}, "cron"),
+        ({"timezone": "Mars/Base"}, "timezone"),
         ({"cron": None}, "cron"),
         ({"amount": 0}, "amount"),
         ({"jitter_seconds": -1}, "jitter_seconds"),

@@ -1,0 +1,333 @@
+"""One client's schedule can never stop, slow or starve the materialiser for others (DESIGN §8).
+
+Each test here failed on the materialiser that enumerated 10,000 future
+instants per schedule, ran schedules in due order without a time box and let
+one schedule's exception end the whole run.
+"""
+
+import logging
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import OperationalError
+from django.utils import timezone
+
+from payments import metrics, recurrence, recurring
+from payments.models import (
+    Payment,
+    RecurringOccurrence,
+    RecurringPayment,
+    WebhookDelivery,
+    WebhookEndpoint,
+)
+from tests.concurrency import run_in_threads
+from tests.factories import AccountFactory, UserFactory
+from tests.payments.conftest import Client
+from tests.payments.test_api import error
+from tests.payments.test_recurring import make_schedule
+
+pytestmark = pytest.mark.django_db
+
+
+def create(client, **overrides):
+    """POST a schedule (daily cron by default); a field given as None is left out,
+    e.g. ``cron=None, interval_seconds=60`` for an interval schedule."""
+    body = {
+        "from_account_id": client.account.pk,
+        "to_account_id": client.other_account.pk,
+        "amount": 100,
+        "cron": "0 9 * * *",
+        "timezone": "America/New_York",
+    } | overrides
+    body = {name: value for name, value in body.items() if value is not None}
+    return client.api.post("/api/v1/recurring-payments", body, format="json")
+
+
+def cron_at(instant: datetime) -> str:
+    """A yearly cron expression firing at ``instant``'s minute (UTC)."""
+    instant = instant.astimezone(UTC)
+    return f"{instant.minute} {instant.hour} {instant.day} {instant.month} *"
+
+
+def counter(metric, **labels) -> float:
+    return (metric.labels(**labels) if labels else metric)._value.get()
+
+
+@pytest.fixture
+def accounts(db):
+    owner = UserFactory()
+    return AccountFactory(owner=owner, funded=100_000).pk, AccountFactory(owner=owner).pk
+
+
+def test_a_yearly_schedule_next_to_an_every_minute_one_both_keep_running(alice, bob, settings):
+    """The yearly fee (an ordinary cron) comes due: it runs, and so does everyone else."""
+    settings.RECURRING_MATERIALIZE_AHEAD_SECONDS = 180
+    due = timezone.now() + timedelta(seconds=90)
+    yearly = create(alice, cron=cron_at(due), timezone="UTC", amount=7)
+    assert yearly.status_code == 201, yearly.content
+    assert len(yearly.json()["upcoming"]) == 5  # five years ahead, no overflow
+    minutely = create(bob, cron="* * * * *", timezone="UTC", amount=1)
+    assert minutely.status_code == 201, minutely.content
+    yearly_id = yearly.json()["recurring_payment_id"]
+    minutely_id = minutely.json()["recurring_payment_id"]
+
+    result = recurring.materialize_due()
+    assert result.paused_on_error == 0
+    yearly_schedule = RecurringPayment.objects.get(pk=yearly_id)
+    minutely_schedule = RecurringPayment.objects.get(pk=minutely_id)
+    assert yearly_schedule.status == minutely_schedule.status == "active"
+    assert Payment.objects.filter(recurring_id=yearly_id).count() == 1
+    assert Payment.objects.filter(recurring_id=minutely_id).count() >= 1
+    # the yearly schedule's cursor moved a year on; the minute one a minute at a time
+    assert yearly_schedule.next_run_at > due + timedelta(days=360)
+    assert minutely_schedule.next_run_at - minutely_schedule.last_occurrence_at == timedelta(
+        minutes=1
+    )
+
+
+def test_a_schedule_that_raises_is_parked_and_the_others_run(alice, bob, caplog):
+    """A fault in one schedule (here a row whose time zone no longer exists) pauses that
+    schedule with a reason, a webhook, a metric and a log line — and nothing else."""
+    broken = make_schedule(
+        alice.account.pk,
+        alice.other_account.pk,
+        start=timezone.now() - timedelta(seconds=20),
+        every=60,
+    )
+    RecurringPayment.objects.filter(pk=broken.pk).update(
+        cron="0 9 * * *", interval_seconds=None, timezone="Mars/Base"
+    )
+    healthy = make_schedule(
+        bob.account.pk, bob.other_account.pk, start=timezone.now() + timedelta(seconds=10)
+    )
+    WebhookEndpoint.objects.create(
+        client=alice.user, url="https://hooks.example.com/", event_types=["recurring.paused"]
+    )
+    paused_before = counter(metrics.recurring_errors, outcome="paused")
+    with caplog.at_level(logging.ERROR, logger="payments.recurring"):
+        result = recurring.materialize_due()
+    assert (result.paused_on_error, result.scheduled) == (1, 1)
+    broken.refresh_from_db()
+    assert broken.status == "paused"
+    assert "could not be processed" in broken.status_reason
+    assert RecurringOccurrence.objects.filter(recurring=broken).count() == 0  # rolled back
+    assert Payment.objects.filter(recurring=healthy).count() == 1
+    healthy.refresh_from_db()
+    assert healthy.status == "active"
+    delivery = WebhookDelivery.objects.get(event_type="recurring.paused")
+    assert delivery.payload["data"]["recurring_payment_id"] == str(broken.pk)
+    assert delivery.payload["data"]["reason"] == "error"
+    assert counter(metrics.recurring_errors, outcome="paused") == paused_before + 1
+    assert any(str(broken.pk) in r.getMessage() for r in caplog.records)
+    # the client sees why through the API
+    body = alice.api.get(f"/api/v1/recurring-payments/{broken.pk}").json()
+    assert body["status"] == "paused" and "could not be processed" in body["status_reason"]
+    assert recurring.materialize_due().paused_on_error == 0  # parked: not retried every run
+
+
+def test_a_database_error_leaves_the_schedule_for_the_next_run(accounts, monkeypatch):
+    source, target = accounts
+    flaky = make_schedule(source, target, start=timezone.now() + timedelta(seconds=5))
+    make_schedule(source, target, start=timezone.now() + timedelta(seconds=6))
+    real = recurring.materialize_one
+
+    def materialize_one(schedule_id, result=None):
+        if schedule_id == flaky.pk:
+            raise OperationalError("server closed the connection unexpectedly")
+        return real(schedule_id, result)
+
+    monkeypatch.setattr(recurring, "materialize_one", materialize_one)
+    retry_before = counter(metrics.recurring_errors, outcome="retry")
+    result = recurring.materialize_due()
+    assert (result.retry_later, result.scheduled, result.paused_on_error) == (1, 1, 0)
+    flaky.refresh_from_db()
+    assert flaky.status == "active" and flaky.status_reason == ""
+    assert counter(metrics.recurring_errors, outcome="retry") == retry_before + 1
+    monkeypatch.setattr(recurring, "materialize_one", real)
+    assert recurring.materialize_due().scheduled == 1  # the next run handles it
+
+
+class FakeClock:
+    """monotonic() that advances one second per call: a run's time box, deterministically."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        self.now += 1.0
+        return self.now
+
+
+def test_a_run_is_time_boxed_and_the_next_run_carries_on(accounts, monkeypatch):
+    source, target = accounts
+    soon = timezone.now() + timedelta(seconds=20)
+    schedules = [make_schedule(source, target, start=soon) for _ in range(6)]
+    monkeypatch.setattr(recurring.time, "monotonic", FakeClock())
+    first = recurring.materialize_due(budget_seconds=3.5)
+    assert first.budget_exhausted and 0 < first.scheduled < 6
+    handled = first.scheduled
+    while handled < 6:
+        run = recurring.materialize_due(budget_seconds=3.5)
+        assert run.scheduled > 0
+        handled += run.scheduled
+    assert handled == 6
+    for schedule in schedules:
+        assert Payment.objects.filter(recurring=schedule).count() == 1
+
+
+def test_schedules_due_on_time_come_before_catch_up(accounts, monkeypatch):
+    """A schedule catching up after downtime (oldest next_run_at) must not take the time
+    box from another client's occurrence that is due now."""
+    source, target = accounts
+    now = timezone.now()
+    catching_up = make_schedule(
+        source, target, start=now - timedelta(hours=5), missed_run_policy="run_once"
+    )
+    on_time = make_schedule(source, target, start=now + timedelta(seconds=30))
+    monkeypatch.setattr(recurring.time, "monotonic", FakeClock())
+    result = recurring.materialize_due(budget_seconds=1.5)  # room for one schedule
+    assert result.budget_exhausted and result.schedules == 1
+    assert Payment.objects.filter(recurring=on_time).count() == 1
+    assert not RecurringOccurrence.objects.filter(recurring=catching_up).exists()
+
+
+@pytest.mark.parametrize(
+    ("policy", "catch_up", "ran"),
+    [("skip", 10, 0), ("run_once", 10, 1), ("run_all", 3, 3)],
+)
+def test_a_long_catch_up_is_spread_over_runs_and_records_every_instant(
+    accounts, settings, policy, catch_up, ran
+):
+    """500 missed minutes: at most RECURRING_MAX_OCCURRENCES_PER_RUN instants per run,
+    each recorded exactly once, and the policy still picks the *latest* ones to run."""
+    settings.RECURRING_MAX_OCCURRENCES_PER_RUN = 200
+    settings.RECURRING_MATERIALIZE_AHEAD_SECONDS = 0
+    source, target = accounts
+    now = timezone.now()
+    start = now - timedelta(minutes=500, seconds=30)
+    schedule = make_schedule(
+        source, target, start=start, every=60, missed_run_policy=policy, max_catch_up=catch_up
+    )
+    runs = 0
+    while True:
+        result = recurring.materialize_one(schedule.pk)
+        runs += 1
+        assert result.scheduled + result.skipped + result.failed <= 200
+        schedule.refresh_from_db()
+        if schedule.next_run_at > now:
+            break
+        assert runs < 10
+    assert runs >= 3
+    rows = list(RecurringOccurrence.objects.filter(recurring=schedule).order_by("scheduled_for"))
+    assert [r.scheduled_for for r in rows] == [start + timedelta(minutes=k) for k in range(501)]
+    statuses = [r.status for r in rows]
+    # 500 missed, of which the policy runs the latest `ran`; the 501st (30 s ago) is on time
+    assert statuses == ["skipped"] * (500 - ran) + ["scheduled"] * (ran + 1)
+    assert Payment.objects.filter(recurring=schedule).count() == ran + 1
+
+
+def test_far_future_instants_are_never_computed(accounts, monkeypatch):
+    """Work per schedule is what the horizon needs, not thousands of future instants."""
+    source, target = accounts
+    schedule = make_schedule(source, target, start=timezone.now() + timedelta(seconds=5))
+    RecurringPayment.objects.filter(pk=schedule.pk).update(cron="* * * * *", interval_seconds=None)
+    calls = []
+    real = recurrence.croniter.get_next
+
+    def get_next(self, *args, **kwargs):
+        calls.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(recurrence.croniter, "get_next", get_next)
+    assert recurring.materialize_due().scheduled >= 1
+    assert len(calls) <= 10  # one or two occurrences in the 60 s window, plus next_run_at
+
+
+# --- what the API accepts ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"cron": "43 15 23 11 *"},  # a yearly fee
+        {"cron": "0 0 29 2 *"},  # leap days only
+        {"cron": None, "interval_seconds": 366 * 86400},  # the longest interval accepted
+        {"cron": None, "interval_seconds": 60},
+        {"start_time": "2000-01-01T00:00:00Z", "cron": None, "interval_seconds": 3600},
+        {"end_time": "2199-12-31T23:59:59Z"},
+        {"max_occurrences": 1_000_000},
+    ],
+)
+def test_schedules_at_the_edges_of_what_is_accepted_work(alice, overrides, settings):
+    from payments.clock import db_now
+
+    response = create(alice, **overrides)
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert body["upcoming"] and body["next_run_at"] == body["upcoming"][0]
+    # its first occurrence comes due: widen the window to reach it
+    first = datetime.fromisoformat(body["next_run_at"])
+    settings.RECURRING_MATERIALIZE_AHEAD_SECONDS = (first - db_now()).total_seconds() + 1
+    result = recurring.materialize_due()
+    assert result.paused_on_error == 0 and result.scheduled >= 1
+    schedule = RecurringPayment.objects.get(pk=body["recurring_payment_id"])
+    assert schedule.status in ("active", "ended")
+    assert alice.api.get("/api/v1/recurring-payments").status_code == 200
+
+
+def test_the_latest_start_time_accepted_works(alice):
+    from payments.clock import db_now
+
+    start = db_now() + timedelta(days=364)
+    response = create(alice, start_time=start.isoformat().replace("+00:00", "Z"))
+    assert response.status_code == 201, response.content
+    assert response.json()["next_run_at"] >= start.isoformat().replace("+00:00", "Z")[:19]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"cron": "0 0 30 2 *"}, "cron"),  # 30 February: never fires
+        ({"cron": "0 0 31 4 *"}, "cron"),
+        ({"cron": None, "interval_seconds": 366 * 86400 + 1}, "interval_seconds"),
+        ({"start_time": "0001-01-01T00:00:00Z"}, "start_time"),
+        ({"start_time": "1999-12-31T23:59:59Z"}, "start_time"),
+        ({"start_time": "9999-12-31T23:59:59Z"}, "start_time"),
+        ({"start_time": "2099-01-01T00:00:00Z"}, "start_time"),
+        ({"end_time": "9999-12-31T23:59:59Z"}, "end_time"),
+        ({"end_time": "2200-01-01T00:00:00Z"}, "end_time"),
+    ],
+)
+def test_schedules_beyond_the_edges_are_refused_with_nothing_written(alice, overrides, field):
+    err = error(create(alice, **overrides), 400, "validation_error")
+    assert field in err["details"]["fields"], err
+    assert RecurringPayment.objects.count() == 0
+    listed = alice.api.get("/api/v1/recurring-payments")
+    assert listed.status_code == 200 and listed.json()["recurring_payments"] == []
+
+
+# --- per-client quota --------------------------------------------------------------
+
+
+def test_active_schedules_per_client_are_limited(alice, bob, settings):
+    settings.RECURRING_MAX_ACTIVE_PER_CLIENT = 2
+    first = create(alice).json()["recurring_payment_id"]
+    second = create(alice).json()["recurring_payment_id"]
+    alice.api.post(f"/api/v1/recurring-payments/{second}/pause")  # paused still counts
+    err = error(create(alice), 422, "limit_exceeded")
+    assert err["details"]["limit"] == 2 and "2" in err["message"]
+    assert RecurringPayment.objects.filter(from_account__owner=alice.user).count() == 2
+    assert create(bob).status_code == 201  # another client's quota is its own
+    alice.api.post(f"/api/v1/recurring-payments/{first}/cancel")
+    assert create(alice).status_code == 201  # a cancelled one frees its place
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_creations_cannot_exceed_the_limit(settings):
+    settings.RECURRING_MAX_ACTIVE_PER_CLIENT = 3
+    client = Client("carol")
+    statuses = []
+    errors = run_in_threads(lambda i: statuses.append(create(client).status_code), 6)
+    assert errors == []
+    assert sorted(statuses) == [201] * 3 + [422] * 3
+    assert RecurringPayment.objects.count() == 3
