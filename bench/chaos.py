@@ -143,7 +143,7 @@ def fault_schedule(seed: int, seconds: float, workers: int) -> list[dict]:
         options: list[tuple[str, str]] = []
         for kind in kinds:
             if kind == "kill_worker":
-                names = [f"worker{i}" for i in range(workers)] + ["timers"]
+                names = [f"worker{i}" for i in range(workers)] + ["timers", "recurring"]
                 options += [(kind, name) for name in names if up(name)]
             elif kind == "kill_beat" and up("beat"):
                 options.append((kind, "beat"))
@@ -587,7 +587,13 @@ class Run:
         self.redis.kill()
 
     def roles(self) -> list[str]:
-        return [f"worker{i}" for i in range(self.args.workers)] + ["timers", "beat", "web"]
+        return [f"worker{i}" for i in range(self.args.workers)] + [
+            "timers",
+            "recurring",
+            "webhooks",
+            "beat",
+            "web",
+        ]
 
     def start_role(self, role: str) -> None:
         if role == "redis":
@@ -598,6 +604,10 @@ class Run:
             self.service.gunicorn(WEB_PORT, workers=2, threads=4)
         elif role == "timers":
             self.service.timers()
+        elif role == "recurring":
+            self.service.recurring()
+        elif role == "webhooks":
+            self.service.webhooks(concurrency=4)
         else:
             self.service.worker(self.args.concurrency, role=role)
 

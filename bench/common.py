@@ -22,6 +22,8 @@ PG_SERVER = os.environ.get("BENCH_PG_SERVER", "postgres://postgres@127.0.0.1:543
 REDIS_SERVER = os.environ.get("BENCH_REDIS_SERVER", "redis://127.0.0.1:6379")
 LOG_DIR = ROOT / "var" / "bench-logs"
 OPEN_STATUSES = ("PENDING", "QUEUED", "EXECUTING")
+# What payment workers leave to the other workers (Procfile: worker -X …).
+NON_PAYMENT_QUEUES = "timers,recurring,webhooks,default"
 
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -148,16 +150,39 @@ class Service:
         command = [sys.executable, "-m", "celery", "-A", "scheduler_project"]
         return self.start(role, [*command, *args, "-l", "WARNING"])
 
-    def worker(self, concurrency: int = 2, role: str = "worker", queues: str | None = None):
-        """A payment worker: every queue but the timer's unless ``queues`` is given."""
+    def worker(
+        self,
+        concurrency: int = 2,
+        role: str = "worker",
+        queues: str | None = None,
+        pool: str | None = None,
+    ):
+        """A payment worker (every queue but the other workers', as in the Procfile)
+        unless ``queues`` is given."""
         args = ["worker", "-c", str(concurrency), "--without-mingle", "--without-gossip"]
         args += ["-n", f"{role}@%h"]
-        args += ["-Q", queues] if queues else ["-X", "timers"]
+        args += ["-Q", queues] if queues else ["-X", NON_PAYMENT_QUEUES]
+        if pool:
+            args += ["--pool", pool]
         return self.celery(role, *args)
 
     def timers(self, role: str = "timers"):
-        """The timer worker (sweeper, reaper, materialiser), as in the Procfile."""
+        """The timer worker (sweeper, lease reaper), as in the Procfile."""
         return self.worker(1, role=role, queues="timers")
+
+    def recurring(self, role: str = "recurring"):
+        """The materialiser and maintenance worker, as in the Procfile."""
+        return self.worker(2, role=role, queues="recurring,default")
+
+    def webhooks(self, role: str = "webhooks", concurrency: int = 16):
+        """The webhook worker (threads), as in the Procfile."""
+        return self.worker(concurrency, role=role, queues="webhooks", pool="threads")
+
+    def background(self) -> None:
+        """Every non-payment worker of the production topology: timers, recurring, webhooks."""
+        self.timers()
+        self.recurring()
+        self.webhooks()
 
     def beat(self, role: str = "beat"):
         return self.celery(

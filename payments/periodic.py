@@ -10,11 +10,14 @@ from __future__ import annotations
 from django.conf import settings
 
 TIMERS = settings.TIMER_QUEUE
+RECURRING = settings.RECURRING_QUEUE
+WEBHOOKS = settings.WEBHOOK_QUEUE
 
 # name, task, every (seconds), expires (seconds), queue: a beat message that
 # could not be consumed in time is dropped rather than piling up behind a busy
-# worker. The timer's own tasks go to settings.TIMER_QUEUE (a worker of its
-# own consumes it, so the sweeper never waits behind payment chunks).
+# worker. Each kind of work goes to the queue of its own worker (see
+# CELERY_TASK_QUEUES): the sweeper never waits behind payment chunks, the
+# materialiser or a webhook.
 PERIODIC_TASKS = (
     ("payments: sweep due payments", "payments.sweep", 1, 5, TIMERS),
     ("payments: reap expired leases", "payments.reap_leases", 5, 10, TIMERS),
@@ -23,9 +26,9 @@ PERIODIC_TASKS = (
         "payments.materialize_recurring",
         5,
         10,
-        TIMERS,
+        RECURRING,
     ),
-    ("payments: retry due webhooks", "payments.retry_webhooks", 10, 20, "default"),
+    ("payments: retry due webhooks", "payments.retry_webhooks", 10, 20, WEBHOOKS),
     ("ledger: reconcile", "ledger.reconcile", 3600, 600, "default"),
     (
         "payments: purge expired idempotency keys",

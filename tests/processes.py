@@ -54,7 +54,12 @@ class Processes:
         return proc
 
     def worker(
-        self, concurrency: int = 2, queues: str | None = None, exclude: str | None = None
+        self,
+        concurrency: int = 2,
+        queues: str | None = None,
+        exclude: str | None = None,
+        pool: str | None = None,
+        name: str = "worker",
     ) -> subprocess.Popen:
         args = [
             "worker",
@@ -64,16 +69,27 @@ class Processes:
             str(concurrency),
             "--without-mingle",
             "--without-gossip",
+            "-n",
+            f"{name}{len(self.procs)}@%h",
         ]
         if queues:
             args += ["-Q", queues]
         if exclude:
             args += ["-X", exclude]
-        return self._start("worker", args)
+        if pool:
+            args += ["--pool", pool]
+        return self._start(name, args)
 
-    def timers(self) -> subprocess.Popen:
-        """The production topology's timer worker (see Procfile)."""
-        return self.worker(1, queues="timers")
+    def production_topology(self) -> int:
+        """The Procfile's workers: payments, timers, recurring (+ maintenance), webhooks.
+
+        Returns how many worker nodes were started (to wait for their pings).
+        """
+        self.worker(exclude="timers,recurring,webhooks,default")
+        self.worker(1, queues="timers", name="timers")
+        self.worker(2, queues="recurring,default", name="recurring")
+        self.worker(4, queues="webhooks", pool="threads", name="webhooks")
+        return 4
 
     def beat(self) -> subprocess.Popen:
         schedule = self.tmp_path / "beat-schedule"

@@ -235,32 +235,46 @@ CELERY_DB_REUSE_MAX = 2**62
 # itself re-delivers an unacknowledged message; our lease
 # (PAYMENT_LEASE_SECONDS) is the real recovery path and is much shorter.
 
-# Queues: one per payment partition, so payments of one source account are
-# always on one queue and workers can consume any subset
-# (celery -A scheduler_project worker -Q payments.p00,payments.p01). A worker
-# started without -Q consumes all of them plus "timers", "default"
-# (maintenance) and "webhooks".
-# "timers" carries the durable timer's own tasks (sweeper, lease reaper,
-# recurring materialiser). In production a small worker of its own consumes
-# it (celery worker -Q timers -c 1) and the payment workers everything else
-# (celery worker -X timers): the sweeper must never wait behind payment
-# chunks in a busy pool, or every payment is late by that wait.
+# Queues and the process pools that consume them (DESIGN §2, §8). One queue
+# per payment partition, so payments of one source account are always on one
+# queue and workers can consume any subset
+# (celery -A scheduler_project worker -Q payments.p00,payments.p01). Beside
+# them, each kind of background work has a queue of its own, consumed by a
+# worker of its own in production (Procfile, docker-compose.yml), so no kind
+# can delay another by occupying its pool:
+# - "timers": the durable timer (sweeper every second, lease reaper). A
+#   one-process worker does nothing else: the sweep never waits behind
+#   payment chunks, a materialiser run or a webhook.
+# - "recurring": the recurring materialiser (time-boxed runs, 60 s ahead of
+#   due) plus "default" maintenance (reconciliation, idempotency purge) on a
+#   two-process worker, so an hour-long reconciliation cannot hold it up.
+# - "webhooks": deliveries, on a threads-pool worker: a slow client endpoint
+#   costs a thread for at most WEBHOOK_TIMEOUT_SECONDS, never a payment slot.
+# Payment workers consume everything else (-X timers,recurring,webhooks,default).
+# A worker started without -Q/-X consumes every queue, which still works (the
+# process tests run so) but gives up that isolation.
 PAYMENT_PARTITIONS = env.int("PAYMENT_PARTITIONS", default=16)
 TIMER_QUEUE = "timers"
+RECURRING_QUEUE = "recurring"
+WEBHOOK_QUEUE = "webhooks"
 CELERY_TASK_DEFAULT_QUEUE = "default"
 CELERY_TASK_QUEUES = {
     TIMER_QUEUE: {"exchange": TIMER_QUEUE, "routing_key": TIMER_QUEUE},
+    RECURRING_QUEUE: {"exchange": RECURRING_QUEUE, "routing_key": RECURRING_QUEUE},
     "default": {"exchange": "default", "routing_key": "default"},
     **{
         f"payments.p{n:02d}": {"exchange": "payments", "routing_key": f"payments.p{n:02d}"}
         for n in range(PAYMENT_PARTITIONS)
     },
-    "webhooks": {"exchange": "webhooks", "routing_key": "webhooks"},
+    WEBHOOK_QUEUE: {"exchange": WEBHOOK_QUEUE, "routing_key": WEBHOOK_QUEUE},
 }
 CELERY_TASK_CREATE_MISSING_QUEUES = True
 CELERY_TASK_ROUTES = {
-    name: {"queue": TIMER_QUEUE}
-    for name in ("payments.sweep", "payments.reap_leases", "payments.materialize_recurring")
+    "payments.sweep": {"queue": TIMER_QUEUE},
+    "payments.reap_leases": {"queue": TIMER_QUEUE},
+    "payments.materialize_recurring": {"queue": RECURRING_QUEUE},
+    "payments.deliver_webhook": {"queue": WEBHOOK_QUEUE},
+    "payments.retry_webhooks": {"queue": WEBHOOK_QUEUE},
 }
 
 # --- Durable timer (DESIGN §4.1) -------------------------------------------

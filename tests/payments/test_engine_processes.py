@@ -59,11 +59,10 @@ def assert_exactly_once(ids):
 def test_scheduled_via_api_completes_on_time(procs):
     from scheduler_project.celery import app
 
-    procs.worker(exclude="timers")  # the Procfile's topology
-    procs.timers()
-    # both workers up before the clock starts: the lateness bound is about the
-    # timer, not about how long two cold workers take to boot on a busy host
-    wait_until(lambda: len(app.control.ping(timeout=0.5)) >= 2, 60, message="workers up")
+    nodes = procs.production_topology()
+    # every worker up before the clock starts: the lateness bound is about the
+    # timer, not about how long cold workers take to boot on a busy host
+    wait_until(lambda: len(app.control.ping(timeout=0.5)) >= nodes, 60, message="workers up")
     procs.beat()
     alice = Client("alice")
     response = alice.schedule(amount=300, delay_seconds=2)
@@ -83,6 +82,38 @@ def test_scheduled_via_api_completes_on_time(procs):
     assert [
         a["outcome"] for a in alice.api.get(f"/api/v1/payments/{pid}/attempts").json()["attempts"]
     ] == ["succeeded"]
+
+
+def test_production_topology_materialises_and_executes_a_recurring_payment(procs):
+    """The materialiser runs on its own worker (queue "recurring"), the payment on a
+    payment worker: an occurrence due in a few seconds completes once."""
+    from payments.models import RecurringPayment
+    from scheduler_project.celery import app
+
+    nodes = procs.production_topology()
+    wait_until(lambda: len(app.control.ping(timeout=0.5)) >= nodes, 60, message="workers up")
+    owner = UserFactory()
+    source = AccountFactory(owner=owner, funded=1_000)
+    target = AccountFactory(owner=owner)
+    start = db_now() + timedelta(seconds=3)
+    schedule = RecurringPayment.objects.create(
+        from_account=source,
+        to_account=target,
+        amount=40,
+        interval_seconds=3600,
+        start_time=start,
+        next_run_at=start,
+    )
+    procs.beat()
+    wait_until(
+        lambda: Payment.objects.filter(recurring=schedule, status="COMPLETED").exists(),
+        60,
+        message="occurrence materialised and COMPLETED",
+    )
+    (payment,) = Payment.objects.filter(recurring=schedule)
+    assert payment.executed_at >= payment.due_at >= start
+    assert_exactly_once([str(payment.pk)])
+    assert Account.objects.get(pk=target.pk).balance == 40
 
 
 def test_duplicate_and_old_fence_messages_execute_once(procs):
