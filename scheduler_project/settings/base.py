@@ -167,6 +167,11 @@ IDEMPOTENCY_IN_FLIGHT_TIMEOUT = env.int("IDEMPOTENCY_IN_FLIGHT_TIMEOUT", default
 _filesystem_broker = VAR_DIR / "broker"
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="filesystem://localhost//")
 if CELERY_BROKER_URL.startswith("filesystem://"):
+    # Our atomic variant of kombu's filesystem transport (scheduler_project.broker):
+    # the stock one hands readers half-written messages and killed the dev workers.
+    from scheduler_project.broker import register as _register_embedded_broker
+
+    _register_embedded_broker()
     for sub in ("data", "processed", "control"):
         (_filesystem_broker / sub).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
