@@ -334,7 +334,24 @@ class RecurringOccurrence(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.recurring_id} @ {self.scheduled_for:%Y-%m-%d %H:%M}Z {self.status}"
+        return f"{self.recurring_id} @ {self.scheduled_for:%Y-%m-%d %H:%M}Z {self.outcome}"
+
+    @property
+    def outcome(self) -> str:
+        """What became of the occurrence: once its payment has run or been cancelled,
+        the payment's outcome (``completed``, ``failed``, ``cancelled``), else the
+        stored status (``scheduled``, ``failed`` — not funded —, ``skipped``)."""
+        if self.status == OccurrenceStatus.SCHEDULED and self.payment_id is not None:
+            return OCCURRENCE_OUTCOME_OF_PAYMENT.get(self.payment.status, self.status)
+        return self.status
+
+
+OCCURRENCE_OUTCOME_OF_PAYMENT = {
+    PaymentStatus.COMPLETED: "completed",
+    PaymentStatus.FAILED: "failed",
+    PaymentStatus.CANCELLED: "cancelled",
+}
+OCCURRENCE_OUTCOMES = ("scheduled", "completed", "failed", "cancelled", "skipped")
 
 
 class WebhookEndpoint(models.Model):

@@ -7,7 +7,7 @@ import json
 from django.utils.dateparse import parse_datetime
 from rest_framework import serializers
 
-from ..models import PaymentStatus
+from ..models import OCCURRENCE_OUTCOMES, PaymentStatus
 from ..webhooks import EVENT_TYPES
 
 METADATA_MAX_BYTES = 4096
@@ -327,7 +327,12 @@ class RecurringListOutput(serializers.Serializer):
 
 class OccurrenceOutput(serializers.Serializer):
     scheduled_for = serializers.DateTimeField()
-    status = serializers.CharField()
+    status = serializers.ChoiceField(
+        source="outcome",
+        choices=OCCURRENCE_OUTCOMES,
+        help_text="scheduled until its payment runs, then completed / failed / cancelled; "
+        "failed without a payment when it could not be funded; skipped when missed.",
+    )
     reason = serializers.CharField()
     payment_id = serializers.UUIDField(allow_null=True)
     payment_status = serializers.CharField(source="payment.status", allow_null=True, default=None)

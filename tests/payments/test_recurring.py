@@ -343,3 +343,44 @@ def test_cancelling_a_schedule_cancels_its_materialised_occurrence(alice):
     assert payment.events.filter(type="cancelled", actor="client").exists()
     assert Account.objects.get(pk=alice.account.pk).held == 0
     assert recurring.materialize_due().scheduled == 0
+
+
+def test_an_occurrence_says_what_became_of_its_payment(alice, monkeypatch):
+    """scheduled → completed, failed or cancelled as its payment moves on (not 'scheduled'
+    forever); an unfunded occurrence stays failed and a missed one skipped."""
+    from ledger.services import account_set_status
+    from payments import execution
+    from tests.payments.engine import make_due, sweep
+
+    now = timezone.now()
+    schedules = [
+        make_schedule(
+            alice.account.pk,
+            alice.other_account.pk,
+            start=now + timedelta(seconds=30 + k),
+            amount=10,
+        )
+        for k in range(3)
+    ]
+    assert recurring.materialize_due().scheduled == 3
+    completed, failed, cancelled = (Payment.objects.get(recurring=s) for s in schedules)
+
+    def outcome(schedule):
+        rid = schedule.pk
+        body = alice.api.get(f"/api/v1/recurring-payments/{rid}/occurrences").json()
+        (occurrence,) = body["occurrences"]
+        return occurrence["status"], occurrence["payment_status"]
+
+    assert [outcome(s) for s in schedules] == [("scheduled", "PENDING")] * 3
+    alice.api.post(f"/api/v1/payments/{cancelled.pk}/cancel")
+    make_due(completed.pk, failed.pk)
+    _, published = sweep(monkeypatch)
+    claims = [item for item in published.items() if item[0] == str(completed.pk)]
+    execution.execute_chunk(claims)
+    account_set_status(account_id=alice.other_account.pk, status="frozen")
+    execution.execute_chunk([item for item in published.items() if item[0] == str(failed.pk)])
+    assert [outcome(s) for s in schedules] == [
+        ("completed", "COMPLETED"),
+        ("failed", "FAILED"),
+        ("cancelled", "CANCELLED"),
+    ]
