@@ -1,9 +1,11 @@
 """Celery application shared by web (publisher), beat and workers."""
 
 import os
+import warnings
 
 from celery import Celery
-from celery.signals import task_postrun, task_prerun, worker_process_shutdown
+from celery.exceptions import SecurityWarning
+from celery.signals import celeryd_init, task_postrun, task_prerun, worker_process_shutdown
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "scheduler_project.settings.base")
 
@@ -30,3 +32,16 @@ def _recycle_db_connections(task=None, **kwargs):
     from django.db import close_old_connections
 
     close_old_connections()
+
+
+@celeryd_init.connect
+def _local_root_is_not_a_finding(**kwargs):
+    """Celery warns at every worker start when it runs as root. The warning is about
+    unpickling messages as root; these workers accept JSON only (CELERY_ACCEPT_CONTENT),
+    and production runs them as a non-root user (Dockerfile ``USER app``). A local run
+    (DEBUG) as root — a container, a CI box — is told once in README, not at every start.
+    """
+    from django.conf import settings
+
+    if settings.DEBUG and settings.CELERY_ACCEPT_CONTENT == ["json"]:
+        warnings.filterwarnings("ignore", category=SecurityWarning)

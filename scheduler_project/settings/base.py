@@ -358,5 +358,13 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {
         "django.db.backends": {"level": "INFO"},
+        # Quiet at idle: Celery logs every task received/succeeded and beat every
+        # message it sends — a line per second for the sweeper alone. Our own
+        # loggers report what matters (a sweep that claimed, a reaper that
+        # requeued, every payment transition); Celery's warnings and errors
+        # (a failed or retried task) still show.
+        "celery.beat": {"level": "WARNING"},
+        "celery.worker.strategy": {"level": "WARNING"},
+        "celery.app.trace": {"level": "WARNING"},
     },
 }
