@@ -373,7 +373,17 @@ class WebhookEndpointOutput(serializers.Serializer):
 
 
 class WebhookEndpointCreatedOutput(WebhookEndpointOutput):
-    secret = serializers.CharField(help_text="Shown once: verify signatures with it.")
+    secret = serializers.CharField(
+        allow_null=True,
+        help_text="The signing secret, in this response only: verify signatures with it. "
+        "It is stored encrypted and never shown again: null when this response is "
+        "replayed for the same Idempotency-Key.",
+    )
+    secret_shown_once = serializers.BooleanField(
+        default=False,
+        help_text="true in a replayed response: the secret was shown in the original "
+        "response only and is null here.",
+    )
 
 
 class WebhookEndpointListOutput(serializers.Serializer):
