@@ -16,7 +16,7 @@ used for the ``Host`` header, TLS SNI and certificate verification.
 ``redirect_not_followed``. No proxy from the environment is used either.
 
 **One deadline for the whole request** (``Deadline``): the DNS lookup runs in a
-small thread pool and is waited for at most the remaining budget; every socket
+thread of its own and is waited for at most the remaining budget; every socket
 operation (connect, TLS handshake, each send, each receive) first sets the
 socket timeout to what is left of the budget, and fails once nothing is left.
 CPython applies a socket timeout as a deadline over one call (``sendall``, one
@@ -38,10 +38,9 @@ import ipaddress
 import logging
 import socket
 import ssl
+import threading
 import time
 import urllib.parse
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -222,21 +221,33 @@ def resolve(host: str, port: int) -> list[tuple[int, tuple]]:
     return found
 
 
-# getaddrinfo cannot be interrupted; a lookup runs here so the caller can stop
-# waiting for it at its deadline (the lookup itself ends with the resolver's
-# own timeout). Shared by all threads of a process.
-_DNS_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="webhook-dns")
-
-
 def _lookup(host: str, port: int, timeout: float) -> list[tuple[int, tuple]]:
+    """``resolve`` in its own short-lived daemon thread, waited for at most ``timeout``.
+
+    getaddrinfo cannot be interrupted; a lookup the caller stops waiting for
+    ends by itself with the system resolver's timeout. One thread per lookup
+    (no shared pool) so a hanging name server of one endpoint cannot queue
+    other endpoints' lookups behind it, and nothing is left to repair after a
+    fork (Celery prefork, gunicorn).
+    """
     if timeout <= 0:
         raise TimeoutError("no time left for the DNS lookup")
-    future = _DNS_POOL.submit(resolve, host, port)
-    try:
-        return future.result(timeout=timeout)
-    except FutureTimeout:
-        future.cancel()
-        raise TimeoutError("DNS lookup timed out") from None
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["addresses"] = resolve(host, port)
+        except Exception as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, name="webhook-dns", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise TimeoutError("DNS lookup timed out")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["addresses"]
 
 
 def _checked_addresses(target: Target, timeout: float) -> list[tuple[int, tuple]]:

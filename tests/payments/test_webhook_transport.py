@@ -7,6 +7,7 @@ any other connect fail the test), DNS answers come from ``fake_dns``.
 
 import json
 import ssl
+import threading
 
 import pytest
 
@@ -265,3 +266,31 @@ def test_http_endpoint_is_refused_at_connect_time_once_http_is_disallowed(
     settings.WEBHOOK_ALLOW_HTTP = False
     assert webhooks.deliver(delivery.pk) == "pending"
     assert attempt_error(delivery) == "address_not_allowed" and receiver.requests == []
+
+
+def test_a_hanging_dns_lookup_counts_against_the_budget(
+    alice, receiver, fake_dns, settings, monkeypatch
+):
+    settings.WEBHOOK_TIMEOUT_SECONDS = 0.3
+    fake_dns["slow.example.com"] = [PUBLIC_IP]
+    register(alice, f"http://slow.example.com:{receiver.port}/hooks", EVENTS)
+    delivery = delivery_for(alice)
+    answer = webhook_transport.resolve
+    release = threading.Event()
+
+    def hanging_resolver(host, port):
+        release.wait(30)
+        return answer(host, port)
+
+    monkeypatch.setattr(webhook_transport, "resolve", hanging_resolver)
+    try:
+        assert webhooks.deliver(delivery.pk) == "pending"
+        assert attempt_error(delivery) == "timeout" and receiver.requests == []
+        url = "https://slow.example.com/other"  # registration is bounded the same way
+        assert_url_refused(
+            alice.api.post(
+                "/api/v1/webhook-endpoints", {"url": url, "event_types": EVENTS}, format="json"
+            )
+        )
+    finally:
+        release.set()
