@@ -226,20 +226,39 @@ def test_a_drip_feeding_endpoint_is_cut_off_at_the_total_budget(alice, settings)
         drip.close()
 
 
-def test_tls_uses_the_url_host_for_sni_and_certificate(
-    alice, settings, fake_dns, tmp_path, monkeypatch
-):
-    """Connected to the pinned 127.0.0.1, TLS still names and verifies ``hooks.test``."""
+@pytest.fixture
+def tls_hooks_test(settings, fake_dns, tmp_path, monkeypatch):
+    """``hooks.test`` (and ``wrong.test``) on 127.0.0.1, allowlisted, with a
+    certificate for ``hooks.test`` that the webhook client trusts."""
     settings.WEBHOOK_ALLOWED_HOSTS = ["hooks.test", "wrong.test"]
     fake_dns["hooks.test"] = ["127.0.0.1"]
     fake_dns["wrong.test"] = ["127.0.0.1"]
     cert, key = self_signed(tmp_path, "hooks.test")
-    monkeypatch.setattr(
-        webhook_transport, "ssl_context", lambda: ssl.create_default_context(cafile=cert)
-    )
+    client_context = ssl.create_default_context(cafile=cert)
+    monkeypatch.setattr(webhook_transport, "ssl_context", lambda: client_context)
     server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     server_context.load_cert_chain(cert, key)
-    tls = Receiver(tls_context=server_context, host_for_url="hooks.test")
+    return server_context
+
+
+def test_a_drip_feeding_tls_endpoint_is_cut_off_at_the_total_budget(
+    alice, settings, tls_hooks_test
+):
+    settings.WEBHOOK_TIMEOUT_SECONDS = 0.5
+    drip = DripServer(length=40, interval=0.1, tls_context=tls_hooks_test, host="hooks.test")
+    try:
+        register(alice, drip.url, EVENTS)
+        delivery = delivery_for(alice)
+        assert webhooks.deliver(delivery.pk) == "pending"
+        assert drip.requests == 1 and not drip.completed
+        assert attempt_error(delivery) == "timeout"
+    finally:
+        drip.close()
+
+
+def test_tls_uses_the_url_host_for_sni_and_certificate(alice, tls_hooks_test):
+    """Connected to the pinned 127.0.0.1, TLS still names and verifies ``hooks.test``."""
+    tls = Receiver(tls_context=tls_hooks_test, host_for_url="hooks.test")
     try:
         register(alice, tls.url, EVENTS)
         delivery = delivery_for(alice)

@@ -67,18 +67,22 @@ class DripServer:
     seconds: each read returns quickly, the whole response takes
     ``length * interval`` seconds."""
 
-    def __init__(self, length: int = 40, interval: float = 0.1):
+    def __init__(self, length: int = 40, interval: float = 0.1, tls_context=None, host="127.0.0.1"):
         self.length, self.interval = length, interval
+        self.tls_context = tls_context
         self.requests = 0
         self.completed = False
         self.listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}/hooks"
+        scheme = "http" if tls_context is None else "https"
+        self.url = f"{scheme}://{host}:{self.listener.getsockname()[1]}/hooks"
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
 
     def _serve(self):
         try:
             conn, _ = self.listener.accept()
+            if self.tls_context is not None:
+                conn = self.tls_context.wrap_socket(conn, server_side=True)
         except OSError:
             return
         with conn:
