@@ -199,7 +199,7 @@ def parse_target(url: str) -> Target:
 
 def _allowlisted(host: str, ip) -> bool:
     for entry in settings.WEBHOOK_ALLOWED_HOSTS:
-        entry = entry.lower().strip("[]").rstrip(".")
+        entry = entry.strip().lower().strip("[]").rstrip(".")
         if entry == host:
             return True
         if ip is not None:

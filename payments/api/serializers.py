@@ -396,7 +396,12 @@ class WebhookDeliveryOutput(serializers.Serializer):
     status = serializers.CharField()
     attempts = serializers.IntegerField()
     last_status_code = serializers.IntegerField(allow_null=True)
-    last_error = serializers.CharField()
+    last_error = serializers.CharField(
+        help_text="Empty, or a generic class: timeout, connection_failed, tls_error, "
+        "address_not_allowed (the host did not resolve to an allowed public address), "
+        "redirect_not_followed, invalid_response, http_<status>, endpoint_disabled, "
+        "circuit_open (waiting for the endpoint's circuit breaker), secret_unavailable."
+    )
     created_at = serializers.DateTimeField()
     delivered_at = serializers.DateTimeField(allow_null=True)
     payload = serializers.DictField()

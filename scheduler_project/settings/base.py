@@ -316,9 +316,7 @@ WEBHOOK_ALLOW_HTTP = env.bool("WEBHOOK_ALLOW_HTTP", default=False)
 # link-local, metadata...), matched against the URL's host as written, every
 # port. Empty by default: a client must never make the service call its own
 # network. For a receiver on the same host in development, or an internal relay.
-WEBHOOK_ALLOWED_HOSTS = [
-    h.strip().lower().strip("[]").rstrip(".") for h in env.list("WEBHOOK_ALLOWED_HOSTS", default=[])
-]
+WEBHOOK_ALLOWED_HOSTS = env.list("WEBHOOK_ALLOWED_HOSTS", default=[])
 # Endpoints per client (active or not): bounds the fan-out one event can cause.
 WEBHOOK_MAX_ENDPOINTS_PER_CLIENT = env.int("WEBHOOK_MAX_ENDPOINTS_PER_CLIENT", default=10)
 # Circuit breaker per endpoint: this many consecutive failed attempts open it;
