@@ -298,7 +298,16 @@ class WebhookDeliveryAdmin(ReadOnlyAdmin):
 
 @admin.register(WebhookEndpoint)
 class WebhookEndpointAdmin(ReadOnlyAdmin):
-    list_display = ("id", "client", "url", "is_active", "created_at")
+    list_display = (
+        "id",
+        "client",
+        "url",
+        "is_active",
+        "consecutive_failures",
+        "circuit_open_until",
+        "created_at",
+    )
     list_filter = ("is_active",)
     search_fields = ("url", "client__username")
-    exclude = ("secret",)
+    # The signing secret is never shown, not even encrypted.
+    exclude = ("secret_ciphertext",)

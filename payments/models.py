@@ -355,17 +355,29 @@ OCCURRENCE_OUTCOMES = ("scheduled", "completed", "failed", "cancelled", "skipped
 
 
 class WebhookEndpoint(models.Model):
-    """A client's URL for event notifications, signed with ``secret``."""
+    """A client's URL for event notifications, signed with a per-endpoint secret.
+
+    The secret is stored only encrypted (``payments.webhook_secrets``). The
+    circuit-breaker fields are changed only under this row's lock
+    (``payments.webhooks``): ``consecutive_failures`` counts failed attempts
+    since the last success; ``circuit_open_until`` set means no request before
+    that time (while a probe is in flight it is the probe's lease);
+    ``circuit_opens`` counts re-opens since the last success (the cool-down
+    doubles with each).
+    """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     client = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="webhook_endpoints"
     )
     url = models.URLField(max_length=500)
-    secret = models.CharField(max_length=100)
+    secret_ciphertext = models.TextField(editable=False)
     event_types = models.JSONField(default=list)
     is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(db_default=Now(), editable=False)
+    consecutive_failures = models.PositiveIntegerField(default=0)
+    circuit_open_until = models.DateTimeField(null=True, blank=True)
+    circuit_opens = models.PositiveIntegerField(default=0)
 
     def __str__(self) -> str:
         return self.url

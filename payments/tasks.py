@@ -108,11 +108,11 @@ def deliver_webhook(delivery_id: str) -> str | None:
     from . import webhooks
 
     status = webhooks.deliver(delivery_id)
-    if status == "pending":
-        delay = webhooks.backoff(
-            webhooks.WebhookDelivery.objects.get(pk=delivery_id).attempts
-        ).total_seconds()
+    if status == "pending":  # a failed attempt with retries left: come back at its time
+        delay = webhooks.retry_delay(delivery_id)
         deliver_webhook.apply_async(args=[delivery_id], queue="webhooks", countdown=delay)
+    # None (deferred by an open circuit, or not due): the beat task resends it
+    # when due, so a dead endpoint's backlog holds no countdown messages.
     return status
 
 

@@ -1,10 +1,10 @@
 """Signed webhooks with a transactional outbox.
 
 ``emit`` is called inside the transaction that changes a payment or schedule;
-it inserts one ``WebhookDelivery`` per subscribed endpoint. A rolled-back
-transaction therefore leaves nothing to send. After commit the delivery task
-is enqueued; a beat task also re-sends any pending delivery whose time has
-come, so a lost broker message only delays a webhook.
+it inserts one ``WebhookDelivery`` per subscribed active endpoint. A
+rolled-back transaction therefore leaves nothing to send. After commit the
+delivery task is enqueued; a beat task also re-sends any pending delivery whose
+time has come, so a lost broker message only delays a webhook.
 
 Each request carries::
 
@@ -12,9 +12,21 @@ Each request carries::
     Webhook-Timestamp: <unix seconds>
     Webhook-Signature: v1=<hex HMAC-SHA256(secret, "<timestamp>.<body>")>
 
-Non-2xx answers and network errors are retried with exponential backoff
+The request itself (address rules at connect time, no redirects, one time
+budget) is ``webhook_transport.post``; the secret is stored encrypted
+(``webhook_secrets``). Failed attempts are retried with exponential backoff
 (``WEBHOOK_BACKOFF_SECONDS`` · 2^(n-1), capped at one hour) up to
-``WEBHOOK_MAX_ATTEMPTS``; every try is logged in ``WebhookAttempt``.
+``WEBHOOK_MAX_ATTEMPTS``; every try is logged in ``WebhookAttempt`` with a
+generic error class only (``timeout``, ``connection_failed``, ``tls_error``,
+``address_not_allowed``, ``redirect_not_followed``, ``invalid_response``,
+``http_<status>``, ``secret_unavailable``); a delivery may also end
+``endpoint_disabled`` or wait with ``circuit_open``.
+
+Circuit breaker per endpoint: ``WEBHOOK_CIRCUIT_FAILURES`` consecutive failed
+attempts open it for ``WEBHOOK_CIRCUIT_COOLDOWN_SECONDS`` (doubling on each
+re-open, capped at one hour). While open, due deliveries are deferred to the
+re-open time without a request and without spending an attempt; afterwards
+one delivery probes (the others wait for it); a success closes the circuit.
 """
 
 from __future__ import annotations
@@ -25,18 +37,25 @@ import json
 import logging
 import secrets
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.utils import timezone
 
+from . import webhook_secrets, webhook_transport
+from .exceptions import InvalidRequest, LimitExceeded, NotFound
 from .models import DeliveryStatus, WebhookAttempt, WebhookDelivery, WebhookEndpoint
 
 logger = logging.getLogger(__name__)
+
+# Delivery-log error classes besides webhook_transport.ERROR_CLASSES and http_<status>.
+ENDPOINT_DISABLED = "endpoint_disabled"
+CIRCUIT_OPEN = "circuit_open"
+SECRET_UNAVAILABLE = "secret_unavailable"  # noqa: S105 - an error class, not a secret
 
 EVENT_TYPES = (
     "payment.completed",
@@ -112,66 +131,146 @@ def backoff(attempts: int) -> timedelta:
     return timedelta(seconds=min(settings.WEBHOOK_BACKOFF_SECONDS * 2 ** (attempts - 1), 3600))
 
 
-def _claim(delivery_id) -> WebhookDelivery | None:
-    """Lock a due pending delivery and push its next attempt out (a short lease)."""
+def circuit_cooldown(opens: int) -> timedelta:
+    """Cool-down after the ``opens``-th consecutive opening: doubling, capped at 1 h."""
+    seconds = settings.WEBHOOK_CIRCUIT_COOLDOWN_SECONDS * 2 ** max(opens - 1, 0)
+    return timedelta(seconds=min(seconds, 3600))
+
+
+def _lease() -> timedelta:
+    """How long a claimed delivery (or a circuit probe) is reserved: twice the
+    request budget, so it is free again only after its request has ended."""
+    return timedelta(seconds=settings.WEBHOOK_TIMEOUT_SECONDS * 2)
+
+
+@dataclass
+class _Claim:
+    delivery: WebhookDelivery
+    probe: bool  # this request decides whether the endpoint's open circuit closes
+
+
+def _claim(delivery_id) -> _Claim | str | None:
+    """Lock a due pending delivery and decide, under its endpoint's row lock,
+    whether a request may be made now.
+
+    Returns a ``_Claim`` (attempt counted, delivery leased) if so; otherwise
+    the delivery's status after the decision: ``failed`` for an inactive
+    endpoint, ``None`` when nothing is due or the endpoint's circuit is open
+    (the delivery then waits for the circuit, no attempt spent, no request).
+    The endpoint row lock (FOR NO KEY UPDATE: it does not block ``emit``'s
+    inserts) makes the circuit decision one at a time per endpoint, however
+    many threads claim its deliveries.
+    """
     with transaction.atomic():
         delivery = (
-            WebhookDelivery.objects.select_for_update(no_key=True, skip_locked=True)
-            .select_related("endpoint")
+            WebhookDelivery.objects.select_for_update(no_key=True, skip_locked=True, of=("self",))
             .filter(pk=delivery_id, status=DeliveryStatus.PENDING)
             .first()
         )
-        if delivery is None or delivery.next_attempt_at > timezone.now():
+        now = timezone.now()
+        if delivery is None or delivery.next_attempt_at > now:
             return None
-        delivery.attempts += 1
-        delivery.next_attempt_at = timezone.now() + timedelta(
-            seconds=settings.WEBHOOK_TIMEOUT_SECONDS * 2
+        endpoint = WebhookEndpoint.objects.select_for_update(no_key=True).get(
+            pk=delivery.endpoint_id
         )
+        delivery.endpoint = endpoint
+        if not endpoint.is_active:
+            delivery.status = DeliveryStatus.FAILED
+            delivery.last_error = ENDPOINT_DISABLED
+            delivery.save(update_fields=["status", "last_error"])
+            _count(ENDPOINT_DISABLED)
+            return delivery.status
+        probe = False
+        if endpoint.circuit_open_until is not None:
+            if endpoint.circuit_open_until > now:
+                delivery.next_attempt_at = endpoint.circuit_open_until
+                delivery.last_error = CIRCUIT_OPEN
+                delivery.save(update_fields=["next_attempt_at", "last_error"])
+                _count(CIRCUIT_OPEN)
+                return None
+            # Cool-down over: this delivery probes; until its outcome (or its
+            # lease) the circuit stays open for every other delivery.
+            endpoint.circuit_open_until = now + _lease()
+            endpoint.save(update_fields=["circuit_open_until"])
+            probe = True
+        delivery.attempts += 1
+        delivery.next_attempt_at = now + _lease()
         delivery.save(update_fields=["attempts", "next_attempt_at"])
-    return delivery
+    return _Claim(delivery, probe)
+
+
+def _record_circuit(*, endpoint_id, ok: bool, probe: bool) -> None:
+    """Count the outcome of one request against its endpoint's circuit.
+
+    Caller is inside a transaction; this takes the endpoint's row lock.
+    """
+    endpoint = WebhookEndpoint.objects.select_for_update(no_key=True).get(pk=endpoint_id)
+    now = timezone.now()
+    if ok:
+        endpoint.consecutive_failures = 0
+        endpoint.circuit_open_until = None
+        endpoint.circuit_opens = 0
+    else:
+        endpoint.consecutive_failures += 1
+        closed_or_lapsed = endpoint.circuit_open_until is None or endpoint.circuit_open_until <= now
+        if probe or (
+            closed_or_lapsed and endpoint.consecutive_failures >= settings.WEBHOOK_CIRCUIT_FAILURES
+        ):
+            endpoint.circuit_opens += 1
+            endpoint.circuit_open_until = now + circuit_cooldown(endpoint.circuit_opens)
+            logger.warning(
+                "webhook endpoint %s: circuit open until %s after %d consecutive failures",
+                endpoint.pk,
+                endpoint.circuit_open_until.isoformat(),
+                endpoint.consecutive_failures,
+            )
+    endpoint.save(update_fields=["consecutive_failures", "circuit_open_until", "circuit_opens"])
 
 
 def deliver(delivery_id) -> str | None:
-    """Try one delivery now if it is due; returns its status afterwards (None if not due)."""
-    delivery = _claim(delivery_id)
-    if delivery is None:
-        return None
+    """Try one delivery now if it is due and its endpoint allows it.
+
+    Returns the delivery's status after the try (``succeeded``, ``pending``
+    for a retry later, ``failed``), or ``None`` when no request was made
+    (not due, claimed elsewhere, or deferred by the endpoint's open circuit).
+    """
+    claim = _claim(delivery_id)
+    if not isinstance(claim, _Claim):
+        return claim
+    delivery = claim.delivery
     body = json.dumps(delivery.payload, separators=(",", ":"), sort_keys=True).encode()
     timestamp = int(time.time())
-    request = urllib.request.Request(  # noqa: S310 - URL scheme validated at registration
-        delivery.endpoint.url,
-        data=body,
-        method="POST",
-        headers={
-            "Content-Type": "application/json",
-            "User-Agent": "delayed-payment-scheduler-webhooks/1",
-            "Webhook-Id": str(delivery.pk),
-            "Webhook-Timestamp": str(timestamp),
-            "Webhook-Signature": sign(delivery.endpoint.secret, timestamp, body),
-        },
-    )
     started = time.monotonic()
-    status_code, error = None, ""
     try:
-        with urllib.request.urlopen(request, timeout=settings.WEBHOOK_TIMEOUT_SECONDS) as resp:  # noqa: S310
-            status_code = resp.status
-    except urllib.error.HTTPError as exc:
-        status_code = exc.code
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        error = f"{type(exc).__name__}: {exc}"[:255]
+        secret = webhook_secrets.decrypt(delivery.endpoint.secret_ciphertext)
+    except webhook_secrets.InvalidToken:
+        logger.error("webhook endpoint %s: secret cannot be decrypted", delivery.endpoint_id)
+        outcome = webhook_transport.Outcome(None, SECRET_UNAVAILABLE)
+    else:
+        outcome = webhook_transport.post(
+            delivery.endpoint.url,
+            body,
+            {
+                "Content-Type": "application/json",
+                "User-Agent": "delayed-payment-scheduler-webhooks/1",
+                "Webhook-Id": str(delivery.pk),
+                "Webhook-Timestamp": str(timestamp),
+                "Webhook-Signature": sign(secret, timestamp, body),
+            },
+            budget=settings.WEBHOOK_TIMEOUT_SECONDS,
+        )
     duration_ms = int((time.monotonic() - started) * 1000)
-    ok = status_code is not None and 200 <= status_code < 300
     with transaction.atomic():
         WebhookAttempt.objects.create(
             delivery=delivery,
             number=delivery.attempts,
-            status_code=status_code,
-            error=error,
+            status_code=outcome.status_code,
+            error=outcome.error,
             duration_ms=duration_ms,
         )
-        delivery.last_status_code = status_code
-        delivery.last_error = error or ("" if ok else f"HTTP {status_code}")
-        if ok:
+        delivery.last_status_code = outcome.status_code
+        delivery.last_error = outcome.error
+        if outcome.ok:
             delivery.status = DeliveryStatus.SUCCEEDED
             delivery.delivered_at = timezone.now()
         elif delivery.attempts >= settings.WEBHOOK_MAX_ATTEMPTS:
@@ -187,16 +286,33 @@ def deliver(delivery_id) -> str | None:
                 "last_error",
             ]
         )
-    from . import metrics
-
-    metrics.webhook_deliveries.labels(outcome="succeeded" if ok else "failed_attempt").inc()
+        if outcome.error != SECRET_UNAVAILABLE:  # our key problem, not the endpoint's
+            _record_circuit(endpoint_id=delivery.endpoint_id, ok=outcome.ok, probe=claim.probe)
+    _count("succeeded" if outcome.ok else "failed_attempt")
     return delivery.status
 
 
+def retry_delay(delivery_id) -> float:
+    """Seconds until the delivery's next attempt is due (0 if it already is)."""
+    due = WebhookDelivery.objects.values_list("next_attempt_at", flat=True).get(pk=delivery_id)
+    return max((due - timezone.now()).total_seconds(), 0.0)
+
+
+def _count(outcome: str) -> None:
+    from . import metrics
+
+    metrics.webhook_deliveries.labels(outcome=outcome).inc()
+
+
 def due_delivery_ids(limit: int = 500) -> list[str]:
-    ids = WebhookDelivery.objects.filter(
-        status=DeliveryStatus.PENDING, next_attempt_at__lte=timezone.now()
-    ).order_by("next_attempt_at")
+    """Pending deliveries whose time has come, leaving out endpoints whose circuit
+    is open (``deliver`` would only defer them again)."""
+    now = timezone.now()
+    ids = (
+        WebhookDelivery.objects.filter(status=DeliveryStatus.PENDING, next_attempt_at__lte=now)
+        .exclude(endpoint__circuit_open_until__gt=now)
+        .order_by("next_attempt_at")
+    )
     return [str(pk) for pk in ids.values_list("pk", flat=True)[:limit]]
 
 
@@ -221,15 +337,42 @@ def payment_data(payment) -> dict:
 # --- endpoint services ------------------------------------------------------------
 
 
+def _checked_url(url: str) -> str:
+    try:
+        return webhook_transport.check_url(url)
+    except webhook_transport.UrlRefused as exc:
+        raise InvalidRequest(str(exc), fields={"url": [str(exc)]}) from None
+
+
 def endpoint_create(*, client, url: str, event_types: list[str]) -> WebhookEndpoint:
-    return WebhookEndpoint.objects.create(
-        client=client, url=url, secret=new_secret(), event_types=sorted(set(event_types))
-    )
+    """Register an endpoint; the returned instance carries the plaintext signing
+    secret in ``.secret`` (shown to the client once, stored only encrypted).
+
+    The URL is checked (DNS included) before any lock is taken. The client's
+    user row is locked while counting, so concurrent creates cannot pass
+    ``WEBHOOK_MAX_ENDPOINTS_PER_CLIENT`` together.
+    """
+    url = _checked_url(url)
+    secret = new_secret()
+    with transaction.atomic():
+        get_user_model().objects.select_for_update(no_key=True).filter(pk=client.pk).first()
+        limit = settings.WEBHOOK_MAX_ENDPOINTS_PER_CLIENT
+        if WebhookEndpoint.objects.filter(client=client).count() >= limit:
+            raise LimitExceeded(
+                f"A client can have at most {limit} webhook endpoints; delete one first.",
+                limit=limit,
+            )
+        endpoint = WebhookEndpoint.objects.create(
+            client=client,
+            url=url,
+            secret_ciphertext=webhook_secrets.encrypt(secret),
+            event_types=sorted(set(event_types)),
+        )
+    endpoint.secret = secret
+    return endpoint
 
 
 def endpoint_get(*, client, endpoint_id) -> WebhookEndpoint:
-    from .exceptions import NotFound
-
     endpoint = WebhookEndpoint.objects.filter(client=client, pk=endpoint_id).first()
     if endpoint is None:
         raise NotFound(f"Webhook endpoint {endpoint_id} not found.")
@@ -237,10 +380,18 @@ def endpoint_get(*, client, endpoint_id) -> WebhookEndpoint:
 
 
 def endpoint_update(*, client, endpoint_id, **changes) -> WebhookEndpoint:
+    """Change url, event types or is_active; a new URL is checked like at creation.
+
+    Deactivating stops new events at once (``emit`` skips the endpoint);
+    deliveries already queued are failed ``endpoint_disabled`` when a worker
+    reaches them, without a request.
+    """
+    if "url" in changes:
+        changes["url"] = _checked_url(changes["url"])
+    if "event_types" in changes:
+        changes["event_types"] = sorted(set(changes["event_types"]))
     with transaction.atomic():
         endpoint = endpoint_get(client=client, endpoint_id=endpoint_id)
-        if "event_types" in changes:
-            changes["event_types"] = sorted(set(changes["event_types"]))
         for name, value in changes.items():
             setattr(endpoint, name, value)
         endpoint.save(update_fields=list(changes))

@@ -145,6 +145,11 @@ class RecurringOccurrencesView(APIView):
         )
 
 
+def without_secret(body: dict) -> dict:
+    """The created-endpoint body as kept for Idempotency-Key replays: no secret."""
+    return {**body, "secret": None, "secret_shown_once": True}
+
+
 class WebhookEndpointCollectionView(APIView):
     @extend_schema(
         operation_id="webhook_endpoints_list",
@@ -158,11 +163,15 @@ class WebhookEndpointCollectionView(APIView):
     @extend_schema(
         operation_id="webhook_endpoints_create",
         summary="Register a webhook endpoint; the signing secret is returned once",
+        description="The URL must be https and reach a public internet address; a "
+        "replay of this response for the same Idempotency-Key has `secret: null` and "
+        "`secret_shown_once: true`. At most WEBHOOK_MAX_ENDPOINTS_PER_CLIENT endpoints "
+        "per client (422 limit_exceeded).",
         request=s.WebhookEndpointInput,
         parameters=[IDEMPOTENCY_HEADER],
-        responses={201: s.WebhookEndpointCreatedOutput, 400: ERROR},
+        responses={201: s.WebhookEndpointCreatedOutput, 400: ERROR, 422: ERROR},
     )
-    @idempotent
+    @idempotent(stored_body=without_secret)
     def post(self, request):
         data = parse(s.WebhookEndpointInput, request.data)
         endpoint = webhooks.endpoint_create(client=request.user, **data)

@@ -382,7 +382,17 @@ class WebhookEndpointOutput(serializers.Serializer):
 
 
 class WebhookEndpointCreatedOutput(WebhookEndpointOutput):
-    secret = serializers.CharField(help_text="Shown once: verify signatures with it.")
+    secret = serializers.CharField(
+        allow_null=True,
+        help_text="The signing secret, in this response only: verify signatures with it. "
+        "It is stored encrypted and never shown again: null when this response is "
+        "replayed for the same Idempotency-Key.",
+    )
+    secret_shown_once = serializers.BooleanField(
+        default=False,
+        help_text="true in a replayed response: the secret was shown in the original "
+        "response only and is null here.",
+    )
 
 
 class WebhookEndpointListOutput(serializers.Serializer):
@@ -395,7 +405,12 @@ class WebhookDeliveryOutput(serializers.Serializer):
     status = serializers.CharField()
     attempts = serializers.IntegerField()
     last_status_code = serializers.IntegerField(allow_null=True)
-    last_error = serializers.CharField()
+    last_error = serializers.CharField(
+        help_text="Empty, or a generic class: timeout, connection_failed, tls_error, "
+        "address_not_allowed (the host did not resolve to an allowed public address), "
+        "redirect_not_followed, invalid_response, http_<status>, endpoint_disabled, "
+        "circuit_open (waiting for the endpoint's circuit breaker), secret_unavailable."
+    )
     created_at = serializers.DateTimeField()
     delivered_at = serializers.DateTimeField(allow_null=True)
     payload = serializers.DictField()

@@ -46,13 +46,20 @@ ERROR = OpenApiResponse(
 )
 
 
-def idempotent(handler):
+def idempotent(handler=None, *, stored_body=None):
     """Apply Idempotency-Key semantics (``payments.idempotency``) to a write handler.
 
     The handler's writes and the stored response commit in one transaction.
     Business-rule refusals (4xx) are stored and replayed like successes;
     an unexpected error releases the key so the client can retry.
+
+    ``stored_body(data) -> data``, if given, makes the body that is stored (and
+    so replayed) from the handler's response body; the live response is sent
+    unchanged. For what may be shown once only, e.g. a secret:
+    ``@idempotent(stored_body=without_secret)``.
     """
+    if handler is None:
+        return functools.partial(idempotent, stored_body=stored_body)
 
     @functools.wraps(handler)
     def wrapper(view, request, *args, **kwargs):
@@ -80,9 +87,8 @@ def idempotent(handler):
         try:
             with transaction.atomic():
                 response = handler(view, request, *args, **kwargs)
-                idempotency_complete(
-                    record=claim.record, status=response.status_code, body=response.data
-                )
+                body = response.data if stored_body is None else stored_body(response.data)
+                idempotency_complete(record=claim.record, status=response.status_code, body=body)
             return response
         except (LedgerError, APIException) as exc:
             response = view.handle_exception(exc)

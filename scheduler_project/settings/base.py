@@ -333,10 +333,35 @@ RECURRING_MATERIALIZE_BATCH = env.int("RECURRING_MATERIALIZE_BATCH", default=200
 RECURRING_MAX_OCCURRENCES_PER_RUN = env.int("RECURRING_MAX_OCCURRENCES_PER_RUN", default=200)
 # Per-client quota: active + paused schedules (422 limit_exceeded beyond it).
 RECURRING_MAX_ACTIVE_PER_CLIENT = env.int("RECURRING_MAX_ACTIVE_PER_CLIENT", default=100)
-# Webhooks: tries per delivery, first retry delay (doubling, capped at 1 h), HTTP timeout.
+# Webhooks: tries per delivery, first retry delay (doubling, capped at 1 h).
 WEBHOOK_MAX_ATTEMPTS = env.int("WEBHOOK_MAX_ATTEMPTS", default=8)
 WEBHOOK_BACKOFF_SECONDS = env.float("WEBHOOK_BACKOFF_SECONDS", default=5.0)
+# Total wall-clock budget of one delivery request (DNS + connect + TLS + send +
+# response status and headers), so a slow or drip-feeding endpoint holds a
+# delivery thread at most this long. Also bounds the DNS lookup at registration.
 WEBHOOK_TIMEOUT_SECONDS = env.float("WEBHOOK_TIMEOUT_SECONDS", default=5.0)
+# Endpoint URLs must be https; plain http only for local development, because
+# signed payment events would otherwise cross the network in clear text.
+WEBHOOK_ALLOW_HTTP = env.bool("WEBHOOK_ALLOW_HTTP", default=False)
+# Host names / IP literals exempt from the address rules (loopback, private,
+# link-local, metadata...), matched against the URL's host as written, every
+# port. Empty by default: a client must never make the service call its own
+# network. For a receiver on the same host in development, or an internal relay.
+WEBHOOK_ALLOWED_HOSTS = env.list("WEBHOOK_ALLOWED_HOSTS", default=[])
+# Endpoints per client (active or not): bounds the fan-out one event can cause.
+WEBHOOK_MAX_ENDPOINTS_PER_CLIENT = env.int("WEBHOOK_MAX_ENDPOINTS_PER_CLIENT", default=10)
+# Circuit breaker per endpoint: this many consecutive failed attempts open it;
+# while open, deliveries wait without a request (and without spending an
+# attempt); after the cool-down one delivery probes. The cool-down doubles on
+# each re-open, capped at one hour, so a dead endpoint costs almost nothing.
+WEBHOOK_CIRCUIT_FAILURES = env.int("WEBHOOK_CIRCUIT_FAILURES", default=5)
+WEBHOOK_CIRCUIT_COOLDOWN_SECONDS = env.float("WEBHOOK_CIRCUIT_COOLDOWN_SECONDS", default=60.0)
+# Fernet keys (comma-separated, urlsafe base64 of 32 bytes) encrypting webhook
+# signing secrets at rest: the first encrypts, all decrypt (rotation: put the new
+# key first, run `manage.py rotate_webhook_secrets`, then drop the old one).
+# Unset: one key derived from SECRET_KEY (HKDF), so rotating SECRET_KEY would
+# make stored secrets unreadable; set a dedicated key in production.
+WEBHOOK_SECRET_KEYS = env.list("WEBHOOK_SECRET_KEYS", default=[])
 # Shared secret for POST /api/v1/internal/payments/{id}/execute (unset = disabled).
 INTERNAL_API_TOKEN = env.str("INTERNAL_API_TOKEN", default="")
 

@@ -15,3 +15,8 @@ from .base import *  # noqa: F403
 
 ALLOWED_HOSTS = ["*"]
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+# The webhook tests' local receivers listen on 127.0.0.1 over plain http;
+# every other address rule stays on (tests/payments/test_webhook_security.py).
+WEBHOOK_ALLOW_HTTP = True
+WEBHOOK_ALLOWED_HOSTS = ["127.0.0.1"]

@@ -1,9 +1,14 @@
+import ipaddress
+import socket
+
 import pytest
 from django.core.cache import cache
 from rest_framework.test import APIClient
 
+from payments import webhook_transport
 from payments.api.auth import api_token_create
 from tests.factories import AccountFactory, UserFactory
+from tests.payments.webhook_receivers import Receiver
 
 
 class Client:
@@ -42,3 +47,51 @@ def alice(db):
 @pytest.fixture
 def bob(db):
     return Client("bob")
+
+
+@pytest.fixture(autouse=True)
+def _webhooks_stay_on_this_machine(monkeypatch):
+    """A webhook request from a test may only ever connect to a loopback address:
+    a broken address rule must fail the test, not send traffic elsewhere."""
+    real_connect = webhook_transport._DeadlineSocket.connect
+
+    def connect(sock, address):
+        if not ipaddress.ip_address(address[0]).is_loopback:
+            raise AssertionError(f"a test webhook tried to connect to {address[0]}")
+        return real_connect(sock, address)
+
+    monkeypatch.setattr(webhook_transport._DeadlineSocket, "connect", connect)
+
+
+class FakeDNS(dict):
+    """Host name → IP strings answered by ``webhook_transport.resolve`` (other
+    names go to the real resolver); ``calls`` lists every name looked up."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[str] = []
+
+
+@pytest.fixture
+def fake_dns(monkeypatch):
+    dns = FakeDNS()
+    real_resolve = webhook_transport.resolve
+
+    def resolve(host, port):
+        dns.calls.append(host)
+        if host not in dns:
+            return real_resolve(host, port)
+        return [
+            (socket.AF_INET6, (ip, port, 0, 0)) if ":" in ip else (socket.AF_INET, (ip, port))
+            for ip in dns[host]
+        ]
+
+    monkeypatch.setattr(webhook_transport, "resolve", resolve)
+    return dns
+
+
+@pytest.fixture
+def receiver():
+    r = Receiver()
+    yield r
+    r.close()

@@ -1,55 +1,23 @@
 """Signed webhooks delivered to a local HTTP receiver."""
 
+import io
 import json
 import threading
 from datetime import timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from django.db import transaction
+from django.core.management import call_command
+from django.db import connection, transaction
 from django.utils import timezone
 
 from payments import services, webhooks
-from payments.models import WebhookAttempt, WebhookDelivery
+from payments.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from tests.payments.engine import make_due, sweep
 from tests.payments.test_api import error
 
 pytestmark = pytest.mark.django_db
 
-
-class Receiver:
-    """A local HTTP server answering with the queued status codes (then 200)."""
-
-    def __init__(self):
-        self.requests = []
-        self.answers = []
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                receiver.requests.append((dict(self.headers), body))
-                self.send_response(receiver.answers.pop(0) if receiver.answers else 200)
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-
-@pytest.fixture
-def receiver():
-    r = Receiver()
-    yield r
-    r.close()
+PUBLIC_IP = "93.184.215.14"  # what fake_dns answers for "public" names; never connected to
 
 
 def register(client, url, events=("payment.completed", "payment.cancelled", "payment.failed")):
@@ -60,7 +28,8 @@ def register(client, url, events=("payment.completed", "payment.cancelled", "pay
     return response.json()
 
 
-def test_endpoint_api_and_isolation(alice, bob):
+def test_endpoint_api_and_isolation(alice, bob, fake_dns):
+    fake_dns["example.test"] = [PUBLIC_IP]
     created = register(alice, "https://example.test/hooks")
     assert created["secret"].startswith("whsec_")
     eid = created["webhook_endpoint_id"]
@@ -90,7 +59,7 @@ def test_signed_delivery_the_receiver_can_verify(alice, receiver):
     alice.api.delete(f"/api/v1/payments/{payment_id}/cancel")
     (delivery,) = WebhookDelivery.objects.all()
     assert webhooks.deliver(delivery.pk) == "succeeded"
-    (headers, body) = receiver.requests[0]
+    (headers, body, _) = receiver.requests[0]
     assert webhooks.verify(
         endpoint["secret"], headers["Webhook-Timestamp"], body, headers["Webhook-Signature"]
     )
@@ -119,7 +88,7 @@ def test_500_then_200_is_retried_and_logged(alice, receiver):
     assert webhooks.due_delivery_ids() == [str(delivery.pk)]
     assert webhooks.deliver(delivery.pk) == "succeeded"
     assert webhooks.deliver(delivery.pk) is None  # accepted once: never again
-    assert [h["Webhook-Id"] for h, _ in receiver.requests] == [str(delivery.pk)] * 2
+    assert [h["Webhook-Id"] for h, _, _ in receiver.requests] == [str(delivery.pk)] * 2
     attempts = list(WebhookAttempt.objects.filter(delivery=delivery).order_by("number"))
     assert [(a.number, a.status_code) for a in attempts] == [(1, 500), (2, 200)]
     log = alice.api.get(f"/api/v1/webhook-endpoints/{delivery.endpoint_id}/deliveries").json()
@@ -135,7 +104,12 @@ def test_gives_up_after_the_cap(alice, settings):
     assert webhooks.deliver(delivery.pk) == "pending"
     WebhookDelivery.objects.filter(pk=delivery.pk).update(next_attempt_at=timezone.now())
     assert webhooks.deliver(delivery.pk) == "failed"
-    assert "Connection refused" in WebhookAttempt.objects.filter(delivery=delivery).last().error
+    # Only a generic class, in the attempt log and in the client's delivery log:
+    # the network's own message (refused, unreachable, ...) would be a port scanner.
+    assert WebhookAttempt.objects.filter(delivery=delivery).last().error == "connection_failed"
+    log = alice.api.get(f"/api/v1/webhook-endpoints/{delivery.endpoint_id}/deliveries")
+    assert log.json()["deliveries"][0]["last_error"] == "connection_failed"
+    assert "refused" not in log.content.decode().lower()
 
 
 def test_rolled_back_transaction_sends_nothing(alice, receiver):
@@ -203,3 +177,240 @@ def test_occurrence_failed_and_paused_events(alice, receiver, settings):
         "recurring.occurrence_failed",
         "recurring.paused",
     ]
+
+
+# --- circuit breaker -----------------------------------------------------------------
+
+
+def cancelled_deliveries(client, count):
+    """``count`` deliveries to the client's endpoint, oldest first."""
+    for _ in range(count):
+        payment_id = client.schedule().json()["payment_id"]
+        client.api.delete(f"/api/v1/payments/{payment_id}/cancel")
+    return list(WebhookDelivery.objects.order_by("created_at", "pk"))
+
+
+def due_now(*deliveries):
+    WebhookDelivery.objects.filter(pk__in=[d.pk for d in deliveries]).update(
+        next_attempt_at=timezone.now()
+    )
+
+
+def test_circuit_opens_defers_without_requests_then_a_probe_closes_it(alice, receiver, settings):
+    settings.WEBHOOK_CIRCUIT_FAILURES = 2
+    settings.WEBHOOK_CIRCUIT_COOLDOWN_SECONDS = 60
+    register(alice, receiver.url)
+    d1, d2, d3, d4 = cancelled_deliveries(alice, 4)
+    receiver.answers = [500, 503]
+    assert webhooks.deliver(d1.pk) == "pending"
+    assert webhooks.deliver(d2.pk) == "pending"  # 2nd consecutive failure: circuit opens
+    endpoint = WebhookEndpoint.objects.get()
+    assert endpoint.consecutive_failures == 2 and endpoint.circuit_opens == 1
+    assert endpoint.circuit_open_until > timezone.now() + timedelta(seconds=50)
+
+    # Open: due deliveries wait for the re-open time; no request, no attempt spent.
+    due_now(d1)
+    assert webhooks.deliver(d3.pk) is None
+    assert webhooks.deliver(d1.pk) is None
+    assert len(receiver.requests) == 2
+    for delivery, attempts in ((d1, 1), (d3, 0)):
+        delivery.refresh_from_db()
+        assert (delivery.status, delivery.attempts) == ("pending", attempts)
+        assert delivery.last_error == "circuit_open"
+        assert delivery.next_attempt_at == endpoint.circuit_open_until
+    assert webhooks.due_delivery_ids() == []  # the beat does not republish them either
+    log = alice.api.get(f"/api/v1/webhook-endpoints/{endpoint.pk}/deliveries").json()
+    assert {d["last_error"] for d in log["deliveries"]} == {"circuit_open", "http_503", ""}
+
+    # Cool-down over: one delivery probes, fails, and the circuit re-opens for twice as long.
+    WebhookEndpoint.objects.update(circuit_open_until=timezone.now())
+    due_now(d1, d2, d3, d4)
+    assert sorted(webhooks.due_delivery_ids()) == sorted(str(d.pk) for d in (d1, d2, d3, d4))
+    receiver.answers = [500]
+    before = timezone.now()
+    assert webhooks.deliver(d3.pk) == "pending"
+    assert webhooks.deliver(d4.pk) is None
+    endpoint.refresh_from_db()
+    assert endpoint.circuit_opens == 2 and endpoint.consecutive_failures == 3
+    assert endpoint.circuit_open_until >= before + timedelta(seconds=120)
+    assert len(receiver.requests) == 3
+
+    # Next probe succeeds: the circuit closes and deliveries flow again.
+    WebhookEndpoint.objects.update(circuit_open_until=timezone.now())
+    due_now(d1, d2, d3, d4)
+    assert webhooks.deliver(d4.pk) == "succeeded"
+    endpoint.refresh_from_db()
+    assert (endpoint.consecutive_failures, endpoint.circuit_open_until, endpoint.circuit_opens) == (
+        0,
+        None,
+        0,
+    )
+    assert [webhooks.deliver(d.pk) for d in (d1, d2, d3)] == ["succeeded"] * 3
+    assert len(receiver.requests) == 7
+
+
+@pytest.mark.django_db(transaction=True)
+def test_open_circuit_holds_under_concurrent_claims(alice, receiver, settings):
+    """Threads claiming many due deliveries of one endpoint: while open, none sends;
+    after the cool-down exactly one probes while the others wait for it."""
+    from tests.concurrency import run_in_threads
+
+    settings.WEBHOOK_TIMEOUT_SECONDS = 10
+    register(alice, receiver.url)
+    deliveries = cancelled_deliveries(alice, 8)
+    WebhookEndpoint.objects.update(
+        consecutive_failures=5,
+        circuit_opens=1,
+        circuit_open_until=timezone.now() + timedelta(minutes=5),
+    )
+    results = {}
+
+    def deliver(i):
+        results[i] = webhooks.deliver(deliveries[i].pk)
+
+    assert run_in_threads(deliver, len(deliveries)) == []
+    assert set(results.values()) == {None} and receiver.requests == []
+    assert set(WebhookDelivery.objects.values_list("attempts", flat=True)) == {0}
+
+    WebhookEndpoint.objects.update(circuit_open_until=timezone.now())
+    due_now(*deliveries)
+    results.clear()
+    receiver.hold = threading.Event()  # the probe's request stays in flight...
+    others_done = threading.Semaphore(0)
+
+    def deliver_and_signal(i):
+        results[i] = webhooks.deliver(deliveries[i].pk)
+        others_done.release()
+
+    def release_probe_when_others_are_done():
+        for _ in range(len(deliveries) - 1):  # ...until every other claim has decided
+            assert others_done.acquire(timeout=60)
+        receiver.hold.set()
+
+    releaser = threading.Thread(target=release_probe_when_others_are_done)
+    releaser.start()
+    assert run_in_threads(deliver_and_signal, len(deliveries)) == []
+    releaser.join(5)
+    outcomes = list(results.values())
+    assert outcomes.count("succeeded") == 1 and outcomes.count(None) == len(deliveries) - 1
+    assert len(receiver.requests) == 1
+    endpoint = WebhookEndpoint.objects.get()
+    assert endpoint.circuit_open_until is None and endpoint.consecutive_failures == 0
+
+
+# --- limits, deactivation -------------------------------------------------------------
+
+
+def test_endpoint_limit_per_client(alice, bob, receiver, settings):
+    settings.WEBHOOK_MAX_ENDPOINTS_PER_CLIENT = 2
+    register(alice, receiver.url)
+    register(alice, receiver.url)
+    body = error(
+        alice.api.post(
+            "/api/v1/webhook-endpoints",
+            {"url": receiver.url, "event_types": ["payment.failed"]},
+            format="json",
+        ),
+        422,
+        "limit_exceeded",
+    )
+    assert body["details"]["limit"] == 2
+    assert alice.user.webhook_endpoints.count() == 2
+    register(bob, receiver.url)  # a quota per client
+
+
+@pytest.mark.django_db(transaction=True)
+def test_endpoint_limit_holds_under_concurrent_creates(alice, settings):
+    from payments.exceptions import LimitExceeded
+    from tests.concurrency import run_in_threads
+
+    settings.WEBHOOK_MAX_ENDPOINTS_PER_CLIENT = 3
+
+    def create(i):
+        webhooks.endpoint_create(
+            client=alice.user, url="http://127.0.0.1:9/hooks", event_types=["payment.failed"]
+        )
+
+    errors = run_in_threads(create, 8)
+    assert len(errors) == 5 and all(isinstance(e, LimitExceeded) for e in errors)
+    assert alice.user.webhook_endpoints.count() == 3
+
+
+def test_deactivated_endpoint_gets_no_more_deliveries(alice, receiver):
+    eid = register(alice, receiver.url)["webhook_endpoint_id"]
+    (queued,) = cancelled_deliveries(alice, 1)
+    alice.api.patch(f"/api/v1/webhook-endpoints/{eid}", {"is_active": False}, format="json")
+    cancelled_deliveries(alice, 1)
+    assert WebhookDelivery.objects.count() == 1  # no new event for it
+    assert webhooks.deliver(queued.pk) == "failed"  # the queued one is never sent
+    queued.refresh_from_db()
+    assert (queued.last_error, queued.attempts) == ("endpoint_disabled", 0)
+    assert receiver.requests == [] and webhooks.due_delivery_ids() == []
+
+
+# --- secrets ------------------------------------------------------------------------------
+
+
+def raw_rows(table):
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT * FROM {table}")
+        return repr(cursor.fetchall())
+
+
+def test_secret_is_encrypted_at_rest_and_still_signs(alice, receiver):
+    secret = register(alice, receiver.url)["secret"]
+    assert secret not in raw_rows("payments_webhookendpoint")
+    assert secret.removeprefix("whsec_") not in raw_rows("payments_webhookendpoint")
+    (delivery,) = cancelled_deliveries(alice, 1)
+    assert webhooks.deliver(delivery.pk) == "succeeded"
+    (headers, body, _) = receiver.requests[0]
+    assert webhooks.verify(secret, headers["Webhook-Timestamp"], body, headers["Webhook-Signature"])
+
+
+def test_idempotent_replay_of_a_creation_does_not_contain_the_secret(alice, receiver):
+    request = {"url": receiver.url, "event_types": ["payment.failed"]}
+    headers = {"Idempotency-Key": "create-hook-1"}
+    first = alice.api.post("/api/v1/webhook-endpoints", request, format="json", headers=headers)
+    assert first.status_code == 201
+    created = first.json()
+    assert created["secret"].startswith("whsec_") and created["secret_shown_once"] is False
+    replay = alice.api.post("/api/v1/webhook-endpoints", request, format="json", headers=headers)
+    assert replay.status_code == 201 and replay.headers["Idempotent-Replayed"] == "true"
+    replayed = replay.json()
+    assert replayed["secret"] is None and replayed["secret_shown_once"] is True
+    assert replayed["webhook_endpoint_id"] == created["webhook_endpoint_id"]
+    assert created["secret"] not in raw_rows("payments_idempotencykey")
+    assert WebhookEndpoint.objects.count() == 1
+
+
+def test_admin_never_shows_the_secret(client, alice, receiver):
+    from tests.factories import UserFactory
+
+    secret = register(alice, receiver.url)["secret"]
+    endpoint = WebhookEndpoint.objects.get()
+    client.force_login(UserFactory(username="root", is_staff=True, is_superuser=True))
+    for url in (
+        "/admin/payments/webhookendpoint/",
+        f"/admin/payments/webhookendpoint/{endpoint.pk}/change/",
+    ):
+        page = client.get(url).content.decode()
+        assert receiver.url in page
+        assert secret not in page and endpoint.secret_ciphertext not in page
+
+
+def test_secret_keys_rotate(alice, receiver, settings):
+    from cryptography.fernet import Fernet
+
+    from payments import webhook_secrets
+
+    settings.WEBHOOK_SECRET_KEYS = [Fernet.generate_key().decode()]
+    secret = register(alice, receiver.url)["secret"]
+    old_key = settings.WEBHOOK_SECRET_KEYS[0]
+    settings.WEBHOOK_SECRET_KEYS = [Fernet.generate_key().decode(), old_key]
+    call_command("rotate_webhook_secrets", stdout=io.StringIO())
+    settings.WEBHOOK_SECRET_KEYS = settings.WEBHOOK_SECRET_KEYS[:1]  # old key gone
+    assert webhook_secrets.decrypt(WebhookEndpoint.objects.get().secret_ciphertext) == secret
+    (delivery,) = cancelled_deliveries(alice, 1)
+    assert webhooks.deliver(delivery.pk) == "succeeded"
+    (headers, body, _) = receiver.requests[0]
+    assert webhooks.verify(secret, headers["Webhook-Timestamp"], body, headers["Webhook-Signature"])
