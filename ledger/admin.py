@@ -2,7 +2,8 @@
 
 Balances, holds, entries and postings change only through ``ledger.services``
 (balanced entries under row locks); the admin shows them read-only. Freezing
-and unfreezing go through ``account_set_status``.
+and unfreezing go through ``account_set_status``, which refuses system
+accounts (the action reports each one it skipped).
 """
 
 from django import forms

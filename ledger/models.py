@@ -86,6 +86,11 @@ class Account(models.Model):
             models.CheckConstraint(
                 condition=Q(status__in=AccountStatus.values), name="ledger_account_status_valid"
             ),
+            # System accounts are never frozen or closed (account_set_status).
+            models.CheckConstraint(
+                condition=Q(system_code__isnull=True) | Q(status=AccountStatus.ACTIVE),
+                name="ledger_account_system_active",
+            ),
         ]
         permissions = [
             ("freeze_account", "Can freeze and unfreeze accounts"),
