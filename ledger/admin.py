@@ -72,6 +72,12 @@ class AccountAdmin(admin.ModelAdmin):
     raw_id_fields = ("owner",)
     actions = ("freeze", "unfreeze")
 
+    def get_readonly_fields(self, request, obj=None):
+        """The owner is chosen when an account is added and never changes after."""
+        if obj is None:
+            return self.readonly_fields
+        return ("owner", *self.readonly_fields)
+
     def has_delete_permission(self, request, obj=None):
         return False
 

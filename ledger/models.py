@@ -35,6 +35,10 @@ class Account(models.Model):
     ``balance`` is posted money, ``held`` the part reserved by active holds;
     ``available = balance - held``. Both change only through
     ``ledger.services`` under a row lock, and ``version`` is bumped each time.
+
+    An account never changes owner once created (the admin shows the owner
+    read-only): payments copy their source account's owner to list a
+    client's payments from one index (``payments.Payment.owner``).
     """
 
     ISSUANCE = "issuance"

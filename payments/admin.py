@@ -132,8 +132,8 @@ class PaymentAdmin(ReadOnlyAdmin):
     search_fields = (
         "=from_account__id",
         "=to_account__id",
-        "from_account__owner__username",
-        "from_account__owner__email",
+        "owner__username",
+        "owner__email",
     )
     search_help_text = "Payment id, account id, or owner username / email."
     list_select_related = ("from_account", "to_account")
@@ -175,10 +175,6 @@ class PaymentAdmin(ReadOnlyAdmin):
             return queryset.filter(pk=uuid.UUID(term)), False
         except ValueError:
             return super().get_search_results(request, queryset, search_term)
-
-    @admin.display(description="owner")
-    def owner(self, obj):
-        return obj.from_account.owner
 
     @admin.display(description="journal entry")
     def journal_entry_link(self, obj):

@@ -409,6 +409,7 @@ def _run_occurrence(schedule: RecurringPayment, instant: datetime, due_at: datet
                 id=payment_id,
                 from_account_id=schedule.from_account_id,
                 to_account_id=schedule.to_account_id,
+                owner_id=batch.accounts[schedule.from_account_id].owner_id,
                 amount=schedule.amount,
                 description=schedule.description,
                 due_at=due_at,

@@ -204,6 +204,7 @@ def payment_schedule(
             id=payment_id,
             from_account_id=from_account_id,
             to_account_id=to_account_id,
+            owner_id=source.owner_id,
             amount=amount,
             description=description,
             metadata=metadata or {},
@@ -222,7 +223,7 @@ def payment_schedule(
 def _lock_open_payment(payment_id: uuid.UUID, client: AbstractBaseUser | None) -> Payment:
     qs = Payment.objects.select_for_update(no_key=True, of=("self",)).select_related("from_account")
     if client is not None:
-        qs = qs.filter(from_account__owner=client)
+        qs = qs.filter(owner=client)
     payment = qs.filter(pk=payment_id).first()
     if payment is None:
         raise NotFound(f"Payment {payment_id} not found.", payment_id=str(payment_id))

@@ -72,3 +72,19 @@ def test_freeze_and_unfreeze_actions_skip_system_accounts(admin_client):
     call_command("create_api_client", "after-freeze", "--balance", "10", "--json", stdout=out)
     (account_id,) = json.loads(out.getvalue())["account_ids"]
     assert Account.objects.get(pk=account_id).balance == 10
+
+
+def test_account_owner_is_fixed_once_created(admin_client):
+    """Payments copy their source account's owner: an account cannot change hands."""
+    a = AccountFactory()
+    owner = a.owner_id
+    page = admin_client.get(reverse("admin:ledger_account_change", args=[a.pk]))
+    assert "owner" not in page.context["adminform"].form.fields
+    admin_client.post(
+        reverse("admin:ledger_account_change", args=[a.pk]),
+        {"owner": UserFactory().pk, "name": "renamed", "max_payment_amount": 10},
+    )
+    a.refresh_from_db()
+    assert (a.owner_id, a.name) == (owner, "renamed")
+    page = admin_client.get(reverse("admin:ledger_account_add"))
+    assert "owner" in page.context["adminform"].form.fields
