@@ -217,7 +217,12 @@ class PaymentAttempt(models.Model):
 
 
 class ApiToken(models.Model):
-    """A client's bearer token. Only its SHA-256 is stored; the token is shown once."""
+    """A client's bearer token. Only its SHA-256 is stored; the token is shown once.
+
+    Issued and revoked only through ``payments.tokens`` (admin, commands),
+    which writes an ``ApiTokenEvent`` for each. A revoked token is refused
+    from the next request on.
+    """
 
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
@@ -228,8 +233,57 @@ class ApiToken(models.Model):
     created_at = models.DateTimeField(db_default=Now(), editable=False)
     revoked_at = models.DateTimeField(null=True, blank=True)
 
+    class Meta:
+        verbose_name = "API token"
+        permissions = [("manage_api_tokens", "Can issue and revoke API tokens (audited)")]
+
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.user})"
+
+
+class ApiTokenAction(models.TextChoices):
+    ISSUED = "issued", "Issued"
+    REVOKED = "revoked", "Revoked"
+
+
+class ApiTokenVia(models.TextChoices):
+    ADMIN = "admin", "Admin"
+    CLI = "cli", "Command line"
+
+
+class ApiTokenEvent(models.Model):
+    """Append-only audit of API tokens: each issue and revocation, by whom and through what.
+
+    ``actor`` is the staff user in the admin; empty from the command line,
+    where the operator's shell is the record.
+    """
+
+    token = models.ForeignKey(ApiToken, on_delete=models.PROTECT, related_name="events")
+    action = models.CharField(max_length=8, choices=ApiTokenAction.choices)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+    )
+    via = models.CharField(max_length=8, choices=ApiTokenVia.choices)
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    class Meta:
+        verbose_name = "API token event"
+        indexes = [models.Index(fields=["token", "id"], name="payments_tokenevent_by_token")]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(action__in=ApiTokenAction.values), name="payments_tokenevent_action"
+            ),
+            models.CheckConstraint(
+                condition=Q(via__in=ApiTokenVia.values), name="payments_tokenevent_via"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.token} {self.action} via {self.via}"
 
 
 class IdempotencyStatus(models.TextChoices):
