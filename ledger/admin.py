@@ -2,7 +2,8 @@
 
 Balances, holds, entries and postings change only through ``ledger.services``
 (balanced entries under row locks); the admin shows them read-only. Freezing
-and unfreezing go through ``account_set_status``.
+and unfreezing go through ``account_set_status``, which refuses system
+accounts (the action reports each one it skipped).
 """
 
 from django import forms
@@ -70,6 +71,12 @@ class AccountAdmin(admin.ModelAdmin):
     )
     raw_id_fields = ("owner",)
     actions = ("freeze", "unfreeze")
+
+    def get_readonly_fields(self, request, obj=None):
+        """The owner is chosen when an account is added and never changes after."""
+        if obj is None:
+            return self.readonly_fields
+        return ("owner", *self.readonly_fields)
 
     def has_delete_permission(self, request, obj=None):
         return False

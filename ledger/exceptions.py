@@ -36,6 +36,12 @@ class AccountNotActive(LedgerError):
     code = "account_not_active"
 
 
+class SystemAccountProtected(LedgerError):
+    """System accounts (issuance, ...) are always active: staff cannot freeze or close them."""
+
+    code = "system_account_protected"
+
+
 class InsufficientFunds(LedgerError):
     """The account's available balance does not cover the amount."""
 

@@ -35,6 +35,10 @@ class Account(models.Model):
     ``balance`` is posted money, ``held`` the part reserved by active holds;
     ``available = balance - held``. Both change only through
     ``ledger.services`` under a row lock, and ``version`` is bumped each time.
+
+    An account never changes owner once created (the admin shows the owner
+    read-only): payments copy their source account's owner to list a
+    client's payments from one index (``payments.Payment.owner``).
     """
 
     ISSUANCE = "issuance"
@@ -85,6 +89,11 @@ class Account(models.Model):
             ),
             models.CheckConstraint(
                 condition=Q(status__in=AccountStatus.values), name="ledger_account_status_valid"
+            ),
+            # System accounts are never frozen or closed (account_set_status).
+            models.CheckConstraint(
+                condition=Q(system_code__isnull=True) | Q(status=AccountStatus.ACTIVE),
+                name="ledger_account_system_active",
             ),
         ]
         permissions = [

@@ -40,6 +40,7 @@ from .exceptions import (
     InvalidAmount,
     LedgerError,
     SameAccount,
+    SystemAccountProtected,
 )
 from .models import (
     Account,
@@ -503,13 +504,24 @@ def entry_reverse(
 
 
 def account_set_status(*, account_id: int, status: str) -> Account:
-    """Freeze, unfreeze or close an account. Closing needs zero balance and no holds."""
+    """Freeze, unfreeze or close a client account. Closing needs zero balance and no holds.
+
+    System accounts (``system_code`` set) are refused with
+    ``SystemAccountProtected``: a frozen issuance account stops every deposit
+    (``create_api_client`` among them) and adjustment. The CHECK constraint
+    ``ledger_account_system_active`` backs this in the database.
+    """
     if status not in AccountStatus.values:
         raise LedgerError(f"Unknown account status {status!r}.")
     with transaction.atomic():
         account = lock_accounts([account_id]).get(account_id)
         if account is None:
             raise AccountNotFound(f"Account {account_id} does not exist.", account_id=account_id)
+        if account.system_code is not None:
+            raise SystemAccountProtected(
+                f"Account {account} is a system account; its status cannot be changed.",
+                account_id=account_id,
+            )
         if account.status == AccountStatus.CLOSED and status != AccountStatus.CLOSED:
             raise AccountNotActive(f"Account {account_id} is closed.", account_id=account_id)
         if status == AccountStatus.CLOSED and (account.balance != 0 or account.held != 0):

@@ -4,22 +4,33 @@ Nothing here edits a payment directly. Cancel and retry go through the same
 services as the API (row lock, hold release, fence, audit event) and record
 the staff user as the actor. They need the ``payments.cancel_payment`` /
 ``payments.retry_payment`` permissions, which the ``Support`` group has.
+
+API tokens are revoked and issued here through ``payments.tokens`` (audited)
+by staff with ``payments.manage_api_tokens``, which Support does not have:
+whoever can issue a client's token can move that client's money.
 """
 
 import uuid
 
+from django import forms
 from django.contrib import admin, messages
+from django.contrib.auth import get_user_model
+from django.core.exceptions import PermissionDenied
 from django.db.models import Q
-from django.urls import reverse
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
 from django.utils.html import format_html
 
 from ledger.admin import ReadOnlyAdmin
 from ledger.exceptions import LedgerError
 
-from . import services
+from . import services, tokens
 from .models import (
     DEAD_LETTER_CODE,
     Actor,
+    ApiToken,
+    ApiTokenEvent,
+    ApiTokenVia,
     DeadLetter,
     Payment,
     PaymentAttempt,
@@ -132,8 +143,8 @@ class PaymentAdmin(ReadOnlyAdmin):
     search_fields = (
         "=from_account__id",
         "=to_account__id",
-        "from_account__owner__username",
-        "from_account__owner__email",
+        "owner__username",
+        "owner__email",
     )
     search_help_text = "Payment id, account id, or owner username / email."
     list_select_related = ("from_account", "to_account")
@@ -175,10 +186,6 @@ class PaymentAdmin(ReadOnlyAdmin):
             return queryset.filter(pk=uuid.UUID(term)), False
         except ValueError:
             return super().get_search_results(request, queryset, search_term)
-
-    @admin.display(description="owner")
-    def owner(self, obj):
-        return obj.from_account.owner
 
     @admin.display(description="journal entry")
     def journal_entry_link(self, obj):
@@ -311,3 +318,122 @@ class WebhookEndpointAdmin(ReadOnlyAdmin):
     search_fields = ("url", "client__username")
     # The signing secret is never shown, not even encrypted.
     exclude = ("secret_ciphertext",)
+
+
+class ApiTokenEventInline(ReadOnlyInline):
+    model = ApiTokenEvent
+    fields = ("created_at", "action", "actor", "via")
+    readonly_fields = fields
+    ordering = ("pk",)
+
+
+class TokenStateFilter(admin.SimpleListFilter):
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(self, request, model_admin):
+        return (("active", "Active"), ("revoked", "Revoked"))
+
+    def queryset(self, request, queryset):
+        if self.value() == "active":
+            return queryset.filter(revoked_at__isnull=True)
+        if self.value() == "revoked":
+            return queryset.filter(revoked_at__isnull=False)
+        return queryset
+
+
+class IssueTokenForm(forms.Form):
+    username = forms.CharField(max_length=150, help_text="The client the token is for.")
+    name = forms.CharField(max_length=100, required=False, help_text="To recognise it later.")
+    revoke_others = forms.BooleanField(
+        required=False,
+        label="Revoke the client's other active tokens (rotate)",
+    )
+
+    def clean_username(self):
+        username = self.cleaned_data["username"].strip()
+        user = get_user_model().objects.filter(username=username).first()
+        if user is None:
+            raise forms.ValidationError(f"No user {username!r}.")
+        return user
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(ReadOnlyAdmin):
+    """Tokens by prefix: the hash is never shown, the plain token only once, at issue."""
+
+    list_display = ("prefix", "user", "name", "created_at", "revoked_at")
+    list_filter = (TokenStateFilter,)
+    search_fields = ("prefix", "user__username", "user__email", "name")
+    list_select_related = ("user",)
+    fields = ("prefix", "user", "name", "created_at", "revoked_at")
+    readonly_fields = fields
+    inlines = (ApiTokenEventInline,)
+    actions = ("revoke_tokens",)
+    change_list_template = "admin/payments/apitoken/change_list.html"
+
+    def has_manage_permission(self, request):
+        return request.user.has_perm("payments.manage_api_tokens")
+
+    def has_view_permission(self, request, obj=None):
+        return super().has_view_permission(request, obj) or self.has_manage_permission(request)
+
+    def has_module_permission(self, request):
+        return super().has_module_permission(request) or self.has_manage_permission(request)
+
+    @admin.action(description="Revoke selected tokens", permissions=["manage"])
+    def revoke_tokens(self, request, queryset):
+        revoked = [
+            token.prefix
+            for token in queryset.order_by("pk")
+            if tokens.api_token_revoke(token=token, actor=request.user, via=ApiTokenVia.ADMIN)
+        ]
+        if revoked:
+            self.message_user(
+                request, f"Revoked {len(revoked)} token(s): {', '.join(revoked)}.", messages.SUCCESS
+            )
+        else:
+            self.message_user(request, "Those tokens were already revoked.", messages.WARNING)
+
+    def get_urls(self):
+        return [
+            path(
+                "issue/",
+                self.admin_site.admin_view(self.issue_view),
+                name="payments_apitoken_issue",
+            ),
+            *super().get_urls(),
+        ]
+
+    def changelist_view(self, request, extra_context=None):
+        extra_context = {**(extra_context or {}), "can_issue": self.has_manage_permission(request)}
+        return super().changelist_view(request, extra_context)
+
+    def issue_view(self, request):
+        """Issue a token and show it on this response only (never in a message:
+        messages travel in a cookie or the session), marked no-store."""
+        if not self.has_manage_permission(request):
+            raise PermissionDenied
+        form = IssueTokenForm(request.POST or None)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Issue a new API token",
+            "opts": self.model._meta,
+            "form": form,
+        }
+        if request.method == "POST" and form.is_valid():
+            user, name = form.cleaned_data["username"], form.cleaned_data["name"]
+            if form.cleaned_data["revoke_others"]:
+                record, token, revoked = tokens.api_token_rotate(
+                    user=user, name=name, actor=request.user, via=ApiTokenVia.ADMIN
+                )
+            else:
+                record, token = tokens.api_token_issue(
+                    user=user, name=name, actor=request.user, via=ApiTokenVia.ADMIN
+                )
+                revoked = []
+            context |= {"record": record, "token": token, "revoked": revoked}
+            response = TemplateResponse(request, "admin/payments/apitoken/issued.html", context)
+            response["Cache-Control"] = "no-store"
+            return response
+        return TemplateResponse(request, "admin/payments/apitoken/issue.html", context)

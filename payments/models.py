@@ -46,6 +46,22 @@ class Payment(models.Model):
     to_account = models.ForeignKey(
         "ledger.Account", on_delete=models.PROTECT, related_name="incoming_payments"
     )
+    # Denormalised so a client's listing is one index range (payments_by_owner)
+    # instead of a join over every payment of every account it owns. Accounts
+    # never change owner, so it is fixed at creation; the trigger
+    # payments_payment_owner (migration 0010) refuses a row whose owner is not
+    # its source account's. NULL only when the source account has no owner
+    # (no client can see such a payment).
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        editable=False,
+        on_delete=models.PROTECT,
+        related_name="+",
+        db_index=False,  # payments_by_owner leads with owner
+        help_text="The source account's owner (the client who sees this payment).",
+    )
     amount = models.BigIntegerField()
     description = models.CharField(max_length=255, blank=True)
     metadata = models.JSONField(default=dict, blank=True)
@@ -113,7 +129,17 @@ class Payment(models.Model):
                 condition=Q(status="QUEUED"),
                 name="payments_queued_lease",
             ),
-            # Client listing, newest first, optionally by account.
+            # Client listing, newest first (GET /payments): one index range per
+            # client, keyset-paged, so page 1,000 costs what page 1 does.
+            models.Index(fields=["owner", "-created_at", "-id"], name="payments_by_owner"),
+            # ... filtered by status. Without it a rare status (FAILED among a
+            # million COMPLETED) scans the client's whole history. The price: status
+            # changes are never HOT updates (other indexes already name status),
+            # so every transition writes one more index entry.
+            models.Index(
+                fields=["owner", "status", "-created_at", "-id"], name="payments_by_owner_status"
+            ),
+            # ... filtered by account.
             models.Index(fields=["from_account", "-created_at", "-id"], name="payments_by_account"),
             models.Index(fields=["status", "due_at"], name="payments_status_due"),
         ]
@@ -191,7 +217,12 @@ class PaymentAttempt(models.Model):
 
 
 class ApiToken(models.Model):
-    """A client's bearer token. Only its SHA-256 is stored; the token is shown once."""
+    """A client's bearer token. Only its SHA-256 is stored; the token is shown once.
+
+    Issued and revoked only through ``payments.tokens`` (admin, commands),
+    which writes an ``ApiTokenEvent`` for each. A revoked token is refused
+    from the next request on.
+    """
 
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
@@ -202,8 +233,57 @@ class ApiToken(models.Model):
     created_at = models.DateTimeField(db_default=Now(), editable=False)
     revoked_at = models.DateTimeField(null=True, blank=True)
 
+    class Meta:
+        verbose_name = "API token"
+        permissions = [("manage_api_tokens", "Can issue and revoke API tokens (audited)")]
+
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.user})"
+
+
+class ApiTokenAction(models.TextChoices):
+    ISSUED = "issued", "Issued"
+    REVOKED = "revoked", "Revoked"
+
+
+class ApiTokenVia(models.TextChoices):
+    ADMIN = "admin", "Admin"
+    CLI = "cli", "Command line"
+
+
+class ApiTokenEvent(models.Model):
+    """Append-only audit of API tokens: each issue and revocation, by whom and through what.
+
+    ``actor`` is the staff user in the admin; empty from the command line,
+    where the operator's shell is the record.
+    """
+
+    token = models.ForeignKey(ApiToken, on_delete=models.PROTECT, related_name="events")
+    action = models.CharField(max_length=8, choices=ApiTokenAction.choices)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+    )
+    via = models.CharField(max_length=8, choices=ApiTokenVia.choices)
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    class Meta:
+        verbose_name = "API token event"
+        indexes = [models.Index(fields=["token", "id"], name="payments_tokenevent_by_token")]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(action__in=ApiTokenAction.values), name="payments_tokenevent_action"
+            ),
+            models.CheckConstraint(
+                condition=Q(via__in=ApiTokenVia.values), name="payments_tokenevent_via"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.token} {self.action} via {self.via}"
 
 
 class IdempotencyStatus(models.TextChoices):

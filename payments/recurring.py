@@ -44,7 +44,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import InterfaceError, OperationalError, transaction
 from django.db.models import Q
 
-from ledger.exceptions import AccountNotActive, AccountNotFound, LedgerError
+from ledger.exceptions import AccountNotActive, LedgerError
 from ledger.models import Account, AccountStatus
 from ledger.services import LedgerBatch
 
@@ -78,7 +78,7 @@ from .recurrence import (
     zone,
 )
 from .recurrence import occurrences as occurrence_times
-from .services import partition_for, payment_cancel
+from .services import partition_for, payable_destination, payment_cancel
 
 logger = logging.getLogger(__name__)
 
@@ -225,17 +225,14 @@ def recurring_create(*, client: AbstractBaseUser, **fields) -> RecurringPayment:
                 f"amount exceeds this account's limit of {source.max_payment_amount}.",
                 fields={"amount": f"at most {source.max_payment_amount}"},
             )
-        target = Account.objects.filter(pk=fields["to_account_id"]).first()
-        if target is None:
-            raise AccountNotFound(
-                f"Account {fields['to_account_id']} does not exist.",
-                account_id=fields["to_account_id"],
+        if source.status != AccountStatus.ACTIVE:
+            raise AccountNotActive(
+                f"Account {source.pk} is {source.status}.",
+                account_id=source.pk,
+                status=source.status,
             )
-        for account in (source, target):
-            if account.status != AccountStatus.ACTIVE:
-                raise AccountNotActive(
-                    f"Account {account.pk} is {account.status}.", account_id=account.pk
-                )
+        # the same rule and the same answers as a one-off payment (DESIGN §8)
+        payable_destination(client=client, account_id=fields["to_account_id"])
         schedule = RecurringPayment(**fields)
         schedule.cron = schedule.cron or ""
         schedule.updated_at = now
@@ -594,6 +591,7 @@ def _run_occurrence(schedule: RecurringPayment, instant: datetime, due_at: datet
                 id=payment_id,
                 from_account_id=schedule.from_account_id,
                 to_account_id=schedule.to_account_id,
+                owner_id=batch.accounts[schedule.from_account_id].owner_id,
                 amount=schedule.amount,
                 description=schedule.description,
                 due_at=due_at,

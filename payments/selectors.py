@@ -8,14 +8,16 @@ import uuid
 from datetime import datetime
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import Q, QuerySet
+from django.db.models import DateTimeField, F, Field, Func, QuerySet, UUIDField, Value
+from django.db.models.lookups import LessThan
 
 from .exceptions import InvalidRequest, NotFound
 from .models import Payment
 
 
 def payments_for_client(client: AbstractBaseUser) -> QuerySet[Payment]:
-    return Payment.objects.filter(from_account__owner=client)
+    """The client's payments: those from accounts it owns (``Payment.owner``, no join)."""
+    return Payment.objects.filter(owner=client)
 
 
 def payment_get(*, client: AbstractBaseUser, payment_id: uuid.UUID) -> Payment:
@@ -60,7 +62,10 @@ def payment_list(
     """A page of the client's payments, newest first, and the cursor of the next page.
 
     Keyset pagination on ``(created_at, id)``: stable while payments are
-    added or change state, and as cheap on page 1,000 as on page 1.
+    added or change state, and as cheap on page 1,000 as on page 1. Each
+    filter combination has an index that yields rows in page order, starting
+    at the cursor: ``payments_by_owner``, ``payments_by_owner_status`` and,
+    with ``account_id``, ``payments_by_account``.
     """
     qs = payments_for_client(client)
     if account_id is not None:
@@ -70,8 +75,22 @@ def payment_list(
     return newest_first_page(qs, cursor=cursor, limit=limit)
 
 
+class _Row(Func):
+    """A row value ``(a, b)``, compared column by column (PostgreSQL and SQLite)."""
+
+    template = "(%(expressions)s)"
+    output_field = Field()
+
+
 def newest_first_page(qs: QuerySet, *, cursor: str | None, limit: int) -> tuple[list, str | None]:
-    """Keyset page on ``(created_at, id)`` descending (UUID primary keys)."""
+    """Keyset page on ``(created_at, id)`` descending (UUID primary keys).
+
+    The cursor condition is the row comparison ``(created_at, id) < (c, i)``,
+    which PostgreSQL uses as an index condition on ``(…, created_at DESC, id
+    DESC)``: the scan starts at the cursor. The equivalent ``created_at < c OR
+    (created_at = c AND id < i)`` is only a filter, so a deep page read and
+    discarded every row before it.
+    """
     if cursor:
         created_raw, id_raw = decode_cursor(cursor, 2)
         try:
@@ -81,7 +100,15 @@ def newest_first_page(qs: QuerySet, *, cursor: str | None, limit: int) -> tuple[
             raise InvalidRequest(
                 "Invalid cursor.", fields={"cursor": "not a cursor from this API"}
             ) from None
-        qs = qs.filter(Q(created_at__lt=created_at) | Q(created_at=created_at, id__lt=last_id))
+        qs = qs.filter(
+            LessThan(
+                _Row(F("created_at"), F("id")),
+                _Row(
+                    Value(created_at, output_field=DateTimeField()),
+                    Value(last_id, output_field=UUIDField()),
+                ),
+            )
+        )
     rows = list(qs.order_by("-created_at", "-id")[: limit + 1])
     if len(rows) > limit:
         last = rows[limit - 1]

@@ -128,6 +128,41 @@ def _owned_account(batch: LedgerBatch, account_id: int, client: AbstractBaseUser
     return account
 
 
+def payable_destination(*, client: AbstractBaseUser, account_id: int) -> Account:
+    """The account ``client`` may pay into, or the one refusal the API answers.
+
+    The client's own account only has to be active, and if it is not the
+    client is told its status (``account_not_active``): it is theirs to know.
+    Any other account must exist, be a client account (no ``system_code``:
+    issuance and other system accounts are not payable) and be active.
+    Unknown, system, frozen and closed all raise the same ``AccountNotFound``
+    with the same message apart from the id, so scheduling cannot be used to
+    learn anything about another client's account or about system accounts.
+
+    An unlocked read: the executor checks the destination again under its
+    row lock, so a destination frozen after scheduling fails the payment then.
+    """
+    account = (
+        Account.objects.filter(pk=account_id)
+        .only("pk", "owner_id", "system_code", "status")
+        .first()
+    )
+    if account is not None and account.owner_id is not None and account.owner_id == client.pk:
+        if account.status != AccountStatus.ACTIVE:
+            raise AccountNotActive(
+                f"Account {account_id} is {account.status}.",
+                account_id=account_id,
+                status=account.status,
+            )
+        return account
+    if account is None or account.system_code is not None or account.status != AccountStatus.ACTIVE:
+        raise AccountNotFound(
+            f"Account {account_id} does not exist or cannot receive payments.",
+            account_id=account_id,
+        )
+    return account
+
+
 def payment_schedule(
     *,
     client: AbstractBaseUser,
@@ -142,7 +177,8 @@ def payment_schedule(
     """Store a payment and reserve its funds with a hold, or write nothing.
 
     The caller must own the source account (otherwise it does not exist for
-    them). The destination must exist and be active. Insufficient available
+    them; a system account has no owner, so it is never a source). The
+    destination must pass ``payable_destination``. Insufficient available
     funds raise ``InsufficientFunds`` at once.
     """
     if from_account_id == to_account_id:
@@ -157,17 +193,7 @@ def payment_schedule(
         # queue behind each other at scheduling time.
         batch = LedgerBatch(account_ids=[from_account_id])
         source = _owned_account(batch, from_account_id, client)
-        target = Account.objects.filter(pk=to_account_id).only("pk", "status").first()
-        if target is None:
-            raise AccountNotFound(
-                f"Account {to_account_id} does not exist.", account_id=to_account_id
-            )
-        if target.status != AccountStatus.ACTIVE:
-            raise AccountNotActive(
-                f"Account {to_account_id} is {target.status}.",
-                account_id=to_account_id,
-                status=target.status,
-            )
+        payable_destination(client=client, account_id=to_account_id)
         _check_amount(amount, source)
         payment_id = uuid.uuid4()
         hold = batch.place_hold(
@@ -178,6 +204,7 @@ def payment_schedule(
             id=payment_id,
             from_account_id=from_account_id,
             to_account_id=to_account_id,
+            owner_id=source.owner_id,
             amount=amount,
             description=description,
             metadata=metadata or {},
@@ -196,7 +223,7 @@ def payment_schedule(
 def _lock_open_payment(payment_id: uuid.UUID, client: AbstractBaseUser | None) -> Payment:
     qs = Payment.objects.select_for_update(no_key=True, of=("self",)).select_related("from_account")
     if client is not None:
-        qs = qs.filter(from_account__owner=client)
+        qs = qs.filter(owner=client)
     payment = qs.filter(pk=payment_id).first()
     if payment is None:
         raise NotFound(f"Payment {payment_id} not found.", payment_id=str(payment_id))

@@ -2,29 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
-import secrets
-
-from django.contrib.auth.models import AbstractBaseUser
 from rest_framework import authentication, exceptions
 from rest_framework.throttling import UserRateThrottle
 
 from ..models import ApiToken
-
-TOKEN_PREFIX = "dps_"  # noqa: S105 - a public prefix, not a secret
-
-
-def hash_token(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-def api_token_create(*, user: AbstractBaseUser, name: str = "") -> tuple[ApiToken, str]:
-    """Create a token for ``user``; the plain token is returned once and never stored."""
-    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    record = ApiToken.objects.create(
-        user=user, name=name, prefix=token[:12], key_hash=hash_token(token)
-    )
-    return record, token
+from ..tokens import hash_token
 
 
 class BearerTokenAuthentication(authentication.BaseAuthentication):

@@ -1,4 +1,9 @@
+import json
+from io import StringIO
+
 import pytest
+from django.contrib.messages import get_messages
+from django.core.management import call_command
 from django.urls import reverse
 
 from ledger import services as ledger
@@ -48,3 +53,38 @@ def test_freeze_action_goes_through_the_service(admin_client):
         {"action": "freeze", "_selected_action": [a.pk]},
     )
     assert Account.objects.get(pk=a.pk).status == "frozen"
+
+
+def test_freeze_and_unfreeze_actions_skip_system_accounts(admin_client):
+    """Freezing issuance broke create_api_client: the action refuses it, by name."""
+    client_account = AccountFactory()
+    issuance = ledger.issuance_account()
+    for action, expected in (("freeze", "frozen"), ("unfreeze", "active")):
+        response = admin_client.post(
+            reverse("admin:ledger_account_changelist"),
+            {"action": action, "_selected_action": [issuance.pk, client_account.pk]},
+        )
+        texts = [str(m) for m in get_messages(response.wsgi_request)]
+        assert any("system account" in t and f"#{issuance.pk}" in t for t in texts), texts
+        assert Account.objects.get(pk=client_account.pk).status == expected
+        assert Account.objects.get(pk=issuance.pk).status == "active"
+    out = StringIO()
+    call_command("create_api_client", "after-freeze", "--balance", "10", "--json", stdout=out)
+    (account_id,) = json.loads(out.getvalue())["account_ids"]
+    assert Account.objects.get(pk=account_id).balance == 10
+
+
+def test_account_owner_is_fixed_once_created(admin_client):
+    """Payments copy their source account's owner: an account cannot change hands."""
+    a = AccountFactory()
+    owner = a.owner_id
+    page = admin_client.get(reverse("admin:ledger_account_change", args=[a.pk]))
+    assert "owner" not in page.context["adminform"].form.fields
+    admin_client.post(
+        reverse("admin:ledger_account_change", args=[a.pk]),
+        {"owner": UserFactory().pk, "name": "renamed", "max_payment_amount": 10},
+    )
+    a.refresh_from_db()
+    assert (a.owner_id, a.name) == (owner, "renamed")
+    page = admin_client.get(reverse("admin:ledger_account_add"))
+    assert "owner" in page.context["adminform"].form.fields

@@ -143,3 +143,15 @@ def test_reference_is_unique_in_the_database():
         insert_posting(entry_id, b.pk, 1)
     with pytest.raises(IntegrityError, match="reference"), transaction.atomic():
         insert_entry("payment:dup")
+
+
+def test_system_accounts_are_always_active():
+    issuance = ledger.issuance_account()
+    for status in ("frozen", "closed"):
+        with (
+            pytest.raises(IntegrityError, match="ledger_account_system_active"),
+            transaction.atomic(),
+        ):
+            sql("UPDATE ledger_account SET status = %s WHERE id = %s", [status, issuance.pk])
+    a = AccountFactory()
+    sql("UPDATE ledger_account SET status = 'frozen' WHERE id = %s", [a.pk])  # clients may be

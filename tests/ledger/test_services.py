@@ -10,6 +10,7 @@ from ledger.exceptions import (
     InsufficientFunds,
     InvalidAmount,
     SameAccount,
+    SystemAccountProtected,
 )
 from ledger.models import Account, HoldStatus, JournalEntry, Posting
 from tests.factories import AccountFactory, UserFactory
@@ -143,3 +144,15 @@ def test_close_needs_zero_balance():
     a = AccountFactory(funded=1)
     with pytest.raises(ledger.LedgerError):
         ledger.account_set_status(account_id=a.pk, status="closed")
+
+
+@pytest.mark.parametrize("status", ["frozen", "closed", "active"])
+def test_system_accounts_status_cannot_be_changed(status):
+    """A frozen issuance account would refuse every deposit and adjustment."""
+    issuance = ledger.issuance_account()
+    with pytest.raises(SystemAccountProtected) as exc:
+        ledger.account_set_status(account_id=issuance.pk, status=status)
+    assert exc.value.code == "system_account_protected"
+    issuance.refresh_from_db()
+    assert (issuance.status, issuance.version) == ("active", 0)
+    ledger.deposit(account_id=AccountFactory().pk, amount=5)  # still works

@@ -6,7 +6,8 @@ from django.core.cache import cache
 from rest_framework.test import APIClient
 
 from payments import webhook_transport
-from payments.api.auth import api_token_create
+from payments.models import ApiTokenVia
+from payments.tokens import api_token_issue
 from tests.factories import AccountFactory, UserFactory
 from tests.payments.webhook_receivers import Receiver
 
@@ -18,7 +19,7 @@ class Client:
         self.user = UserFactory(username=username)
         self.account = AccountFactory(owner=self.user, funded=balance)
         self.other_account = AccountFactory(owner=self.user)
-        _, self.token = api_token_create(user=self.user)
+        _, self.token = api_token_issue(user=self.user, actor=None, via=ApiTokenVia.CLI)
         self.api = APIClient()
         self.api.credentials(HTTP_AUTHORIZATION=f"Bearer {self.token}")
 

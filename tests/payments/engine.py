@@ -64,6 +64,7 @@ def bulk_schedule(*, sources, targets, count, amount, due_at):
                     id=pid,
                     from_account_id=source,
                     to_account_id=target,
+                    owner_id=batch.accounts[source].owner_id,
                     amount=amount,
                     due_at=due_at,
                     run_at=due_at,

@@ -178,7 +178,11 @@ def test_schedule_from_someone_elses_account_is_not_found(alice, bob):
 def test_schedule_to_missing_or_inactive_account(alice, bob):
     error(alice.schedule(to_account_id=999_999), 422, "account_not_found")
     ledger.account_set_status(account_id=bob.account.pk, status="frozen")
-    error(alice.schedule(to_account_id=bob.account.pk), 422, "account_not_active")
+    # Another client's frozen account is not named as frozen (test_isolation).
+    error(alice.schedule(to_account_id=bob.account.pk), 422, "account_not_found")
+    ledger.account_set_status(account_id=alice.other_account.pk, status="frozen")
+    err = error(alice.schedule(), 422, "account_not_active")  # her own: she may know
+    assert err["details"] == {"account_id": alice.other_account.pk, "status": "frozen"}
     ledger.account_set_status(account_id=alice.account.pk, status="frozen")
     error(alice.schedule(), 422, "account_not_active")
     assert Payment.objects.count() == 0

@@ -2,7 +2,8 @@
 
 import pytest
 
-from ledger.models import Account
+from ledger import services as ledger
+from ledger.models import Account, Hold
 from payments.models import Payment, PaymentEvent
 from tests.payments.test_api import error
 
@@ -48,3 +49,42 @@ def test_account_paths_hide_other_clients_accounts(alice, bob):
         error(alice.api.get(url), 404, "not_found")
     error(alice.schedule(from_account_id=bob.account.pk), 404, "not_found")
     assert Payment.objects.count() == 0
+
+
+def _answer(response, account_id: int):
+    """The error with the account id blanked out, for comparing refusals."""
+    body = response.json()
+    return response.status_code, str(body).replace(str(account_id), "N")
+
+
+def test_every_destination_a_client_may_not_pay_gets_one_answer(alice, bob):
+    """Unknown, system (issuance), another client's frozen or closed account:
+    one identical refusal, so scheduling reveals nothing about any of them."""
+    issuance = ledger.issuance_account()
+    closed = ledger.account_create(owner=bob.user, name="closed")
+    ledger.account_set_status(account_id=closed.pk, status="closed")
+    ledger.account_set_status(account_id=bob.account.pk, status="frozen")
+    unknown = Account.objects.order_by("-pk").first().pk + 1_000
+    before = snapshot()
+    answers = set()
+    for account_id in (unknown, issuance.pk, bob.account.pk, closed.pk):
+        response = alice.schedule(to_account_id=account_id)
+        err = error(response, 422, "account_not_found")
+        assert err["details"] == {"account_id": account_id}
+        assert "frozen" not in str(err) and "closed" not in str(err)
+        answers.add(_answer(response, account_id))
+    assert len(answers) == 1, answers
+    assert snapshot() == before and Hold.objects.count() == 0
+    assert Account.objects.get(pk=issuance.pk).balance == -20_000  # two fixtures' deposits
+
+
+def test_a_system_account_is_not_a_source(alice):
+    """It has no owner, so it does not exist for any client: the unknown-account answer."""
+    issuance = ledger.issuance_account()
+    unknown = Account.objects.order_by("-pk").first().pk + 1_000
+    before = snapshot()
+    system = alice.schedule(from_account_id=issuance.pk, to_account_id=alice.account.pk)
+    missing = alice.schedule(from_account_id=unknown, to_account_id=alice.account.pk)
+    error(system, 404, "not_found")
+    assert _answer(system, issuance.pk) == _answer(missing, unknown)
+    assert snapshot() == before and Hold.objects.count() == 0

@@ -331,3 +331,23 @@ def test_concurrent_creations_cannot_exceed_the_limit(settings):
     assert errors == []
     assert sorted(statuses) == [201] * 3 + [422] * 3
     assert RecurringPayment.objects.count() == 3
+
+
+def test_a_schedule_refuses_destinations_like_a_one_off_payment(alice, bob):
+    """Unknown, system, frozen or closed accounts of others: one identical answer, as for
+    payments (no schedule can be used to learn about another client's account)."""
+    from ledger import services as ledger
+    from ledger.models import Account
+
+    frozen = AccountFactory(owner=bob.user)
+    ledger.account_set_status(account_id=frozen.pk, status="frozen")
+    closed = AccountFactory(owner=bob.user)
+    ledger.account_set_status(account_id=closed.pk, status="closed")
+    issuance = ledger.issuance_account()
+    unknown = Account.objects.order_by("-pk").first().pk + 1000
+    bodies = []
+    for target in (unknown, issuance.pk, frozen.pk, closed.pk):
+        err = error(create(alice, to_account_id=target), 422, "account_not_found")
+        bodies.append((err["code"], err["message"].replace(str(target), "N"), err["details"]))
+    assert len({(code, message) for code, message, _ in bodies}) == 1
+    assert RecurringPayment.objects.count() == 0

@@ -13,7 +13,8 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
 from ledger import services as ledger
-from payments.api.auth import api_token_create
+from payments.models import ApiTokenVia
+from payments.tokens import api_token_issue
 
 
 class Command(BaseCommand):
@@ -35,7 +36,9 @@ class Command(BaseCommand):
             raise CommandError(f"User {name!r} already exists.")
         with transaction.atomic():
             user = user_model.objects.create_user(username=name)
-            _, token = api_token_create(user=user, name="create_api_client")
+            _, token = api_token_issue(
+                user=user, name="create_api_client", actor=None, via=ApiTokenVia.CLI
+            )
             account_ids = []
             for i in range(accounts):
                 account = ledger.account_create(owner=user, name=f"{name} #{i + 1}")

@@ -12,8 +12,8 @@ from django.db import transaction
 
 from ledger import services as ledger
 from ledger.models import Account
-from payments.api.auth import api_token_create
-from payments.models import ApiToken
+from payments.models import ApiTokenVia
+from payments.tokens import api_token_issue, api_tokens_revoke
 
 DEMO_ACCOUNTS = (("Demo checking", 100_000), ("Demo savings", 50_000))
 
@@ -52,9 +52,10 @@ class Command(BaseCommand):
                     reference=f"seed_demo:{account.pk}",
                     description="Demo funds",
                 )
-        # Tokens are stored hashed, so each run issues a fresh demo token.
-        ApiToken.objects.filter(user=user, name="seed_demo").delete()
-        _, token = api_token_create(user=user, name="seed_demo")
+        # Tokens are stored hashed, so each run revokes the previous demo token
+        # and issues a fresh one (both audited).
+        api_tokens_revoke(user=user, name="seed_demo", actor=None, via=ApiTokenVia.CLI)
+        _, token = api_token_issue(user=user, name="seed_demo", actor=None, via=ApiTokenVia.CLI)
         accounts = list(Account.objects.filter(owner=user).order_by("pk"))
         base = options["base_url"].rstrip("/")
         self.stdout.write(f"Admin:    {base}/admin/   (login {username} / {password})")

@@ -1,0 +1,171 @@
+"""A client's payment listing: ``Payment.owner`` and the plans that read it.
+
+Plan regression: the listing is an index range, not a join and a sort.
+
+``GET /api/v1/payments?limit=100`` took 0.61 s for a client with 1M payments:
+the listing joined every payment to its source account to filter on the
+owner, then sorted. Each filter combination now reads one index in page
+order starting at the cursor, so page 1 and page 1,000 read the same number
+of rows. Real rows and fresh statistics, no planner switches.
+"""
+
+import json
+
+import pytest
+from django.db import IntegrityError, connection, transaction
+
+from payments.models import Payment
+from payments.selectors import encode_cursor, payment_list
+from tests.factories import AccountFactory, UserFactory
+from tests.plans import captured_sql, explain, index_scan, node_types
+
+pytestmark = pytest.mark.django_db
+
+ROWS = 20_000  # per client
+LIMIT = 100
+
+
+def _insert_history(owner, accounts, target) -> None:
+    """``ROWS`` old payments, one a second: every 10th from ``accounts[1]``, the
+    rest from ``accounts[0]``; every 500th FAILED, the rest CANCELLED (no hold
+    or entry needed)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO payments_payment
+                   (id, from_account_id, to_account_id, owner_id, amount, description,
+                    metadata, status, due_at, run_at, partition, fence, attempts,
+                    error_code, error_message, created_at, updated_at)
+            SELECT gen_random_uuid(), (%(accounts)s::bigint[])[1 + (g %% 10 = 0)::int], %(target)s,
+                   %(owner)s, 1, '', '{}',
+                   CASE WHEN g %% 500 = 0 THEN 'FAILED' ELSE 'CANCELLED' END,
+                   now(), now(), 0, 0, 0, '', '',
+                   now() - g * interval '1 second', now()
+              FROM generate_series(1, %(rows)s) AS g
+            """,
+            {
+                "accounts": [a.pk for a in accounts],
+                "target": target.pk,
+                "owner": owner.pk,
+                "rows": ROWS,
+            },
+        )
+
+
+@pytest.fixture
+def histories():
+    """Two clients with ``ROWS`` payments each; returns the first client and accounts."""
+    target = AccountFactory()
+    clients = []
+    for name in ("heavy", "neighbour"):
+        user = UserFactory(username=name)
+        accounts = [AccountFactory(owner=user), AccountFactory(owner=user)]
+        _insert_history(user, accounts, target)
+        clients.append((user, accounts))
+    return clients[0]
+
+
+def _cursor_at(owner, position: int, **filters) -> str:
+    """The cursor ``payment_list`` would hand out after ``position`` rows."""
+    where = " AND ".join(f"{column} = %s" for column in filters) or "TRUE"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT created_at, id FROM payments_payment WHERE owner_id = %s AND {where}"
+            " ORDER BY created_at DESC, id DESC OFFSET %s LIMIT 1",
+            [owner.pk, *filters.values(), position - 1],
+        )
+        return encode_cursor(*cursor.fetchone())
+
+
+def _plan(**kwargs) -> dict:
+    sql = captured_sql(lambda: payment_list(limit=LIMIT, **kwargs))
+    return explain(sql, "payments_payment")
+
+
+def _assert_reads_one_page(plan: dict, index: str) -> None:
+    assert "Sort" not in node_types(plan), json.dumps(plan, indent=1)
+    scan = index_scan(plan, index)
+    assert scan is not None, json.dumps(plan, indent=1)
+    assert scan["Node Type"] == "Index Scan", scan
+    # Rows read: the page (+1 to know there is a next one), nothing skipped.
+    assert scan["Actual Rows"] == LIMIT + 1, scan
+    assert scan.get("Rows Removed by Filter", 0) == 0, scan
+
+
+def test_listing_page_1_and_deep_page_read_one_page_from_the_owner_index(histories):
+    owner, _ = histories
+    _assert_reads_one_page(_plan(client=owner), "payments_by_owner")
+    deep = _plan(client=owner, cursor=_cursor_at(owner, 15_000))
+    _assert_reads_one_page(deep, "payments_by_owner")
+    assert "created_at" in index_scan(deep, "payments_by_owner")["Index Cond"]
+
+
+def test_status_filter_reads_only_that_status(histories):
+    """FAILED is 1 in 500: without its own index a page of them scans 50,000 rows."""
+    owner, _ = histories
+    sql = captured_sql(lambda: payment_list(client=owner, status="FAILED", limit=10))
+    plan = explain(sql, "payments_payment")
+    assert "Sort" not in node_types(plan), plan
+    scan = index_scan(plan, "payments_by_owner_status")
+    assert scan is not None and scan["Actual Rows"] == 11, plan
+    assert scan.get("Rows Removed by Filter", 0) == 0, scan
+    cursor = _cursor_at(owner, 25, status="FAILED")
+    sql = captured_sql(lambda: payment_list(client=owner, status="FAILED", limit=10, cursor=cursor))
+    deep = explain(sql, "payments_payment")
+    scan = index_scan(deep, "payments_by_owner_status")
+    assert scan is not None and "Sort" not in node_types(deep), deep
+    assert scan["Actual Rows"] == 11 and scan.get("Rows Removed by Filter", 0) == 0, scan
+
+
+def test_account_filter_reads_one_page_from_the_account_index(histories):
+    owner, accounts = histories
+    account_id = accounts[1].pk  # a tenth of the client's payments
+    _assert_reads_one_page(_plan(client=owner, account_id=account_id), "payments_by_account")
+    cursor = _cursor_at(owner, 1_500, from_account_id=account_id)
+    deep = _plan(client=owner, account_id=account_id, cursor=cursor)
+    _assert_reads_one_page(deep, "payments_by_account")
+
+
+def test_deep_pages_are_the_same_rows_as_walking_the_pages(histories):
+    """The cursor condition is exact: no row is skipped or repeated at a page edge."""
+    owner, _ = histories
+    seen, cursor = [], None
+    for _ in range(3):
+        page, cursor = payment_list(client=owner, limit=LIMIT, cursor=cursor)
+        seen += [p.pk for p in page]
+    with connection.cursor() as c:
+        c.execute(
+            "SELECT id FROM payments_payment WHERE owner_id = %s"
+            " ORDER BY created_at DESC, id DESC LIMIT %s",
+            [owner.pk, 3 * LIMIT],
+        )
+        assert seen == [row[0] for row in c.fetchall()]
+
+
+def test_every_payment_carries_its_source_accounts_owner(alice, bob):
+    """Set by each creation path; the trigger payments_payment_owner refuses a
+    row whose owner is missing or wrong, so no path can list a payment to the
+    wrong client or hide it from the right one."""
+    payment_id = alice.schedule(to_account_id=bob.account.pk).json()["payment_id"]
+    assert Payment.objects.get(pk=payment_id).owner_id == alice.user.pk
+    payment = Payment.objects.get(pk=payment_id)
+    for wrong in (bob.user.pk, None):
+        with (
+            pytest.raises(IntegrityError, match="not the owner of its source account"),
+            transaction.atomic(),
+        ):
+            Payment.objects.filter(pk=payment_id).update(owner_id=wrong)
+    with (
+        pytest.raises(IntegrityError, match="not the owner of its source account"),
+        transaction.atomic(),
+    ):
+        Payment.objects.create(
+            from_account_id=bob.account.pk,
+            to_account_id=alice.account.pk,
+            owner_id=alice.user.pk,
+            amount=1,
+            due_at=payment.due_at,
+            run_at=payment.due_at,
+            partition=0,
+        )
+    assert [p["payment_id"] for p in bob.api.get("/api/v1/payments").json()["payments"]] == []
