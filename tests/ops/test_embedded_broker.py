@@ -59,7 +59,9 @@ def read(url, root, results, stop):
 def race(url, root):
     for sub in ("data", "control"):
         (root / sub).mkdir(parents=True)
-    ctx = multiprocessing.get_context("fork")
+    # spawn, not fork: a fork of the test process (threads, open connections)
+    # can inherit a held lock and hang
+    ctx = multiprocessing.get_context("spawn")
     stop, results = ctx.Event(), ctx.Queue()
     readers = [ctx.Process(target=read, args=(url, root, results, stop)) for _ in range(READERS)]
     writers = [ctx.Process(target=write, args=(url, root, i)) for i in range(WRITERS)]
@@ -67,6 +69,7 @@ def race(url, root):
         process.start()
     for process in writers:
         process.join(120)
+        assert process.exitcode == 0, f"writer exit code {process.exitcode}"
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and any((root / "data").rglob("*.msg")):
         time.sleep(0.2)
@@ -79,6 +82,8 @@ def race(url, root):
         errors += failed
     for process in readers:
         process.join(30)
+        if process.is_alive():
+            process.kill()
     return received, errors
 
 

@@ -344,18 +344,26 @@ def test_periodic_tasks_installed_by_migration():
     tasks = dict(PeriodicTask.objects.values_list("task", "interval__every"))
     assert tasks["payments.sweep"] == 1 and tasks["payments.reap_leases"] == 5
     queues = dict(PeriodicTask.objects.values_list("task", "queue"))
-    timer_tasks = {"payments.sweep", "payments.reap_leases", "payments.materialize_recurring"}
-    assert {task for task, queue in queues.items() if queue == "timers"} == timer_tasks
+    assert {task for task, queue in queues.items() if queue == "timers"} == {
+        "payments.sweep",
+        "payments.reap_leases",
+    }
+    assert queues["payments.materialize_recurring"] == "recurring"
+    assert queues["payments.retry_webhooks"] == "webhooks"
 
 
 def test_timer_tasks_are_routed_to_their_own_queue():
-    """The sweeper must not wait behind payment chunks in a busy pool: it and the
-    other timer tasks go to "timers", which the Procfile gives a worker of its own."""
+    """The sweeper must not wait behind payment chunks, a materialiser run or a webhook:
+    it and the reaper go to "timers", which the Procfile gives a worker of its own."""
     from scheduler_project.celery import app
 
-    for name in ("payments.sweep", "payments.reap_leases", "payments.materialize_recurring"):
-        assert app.amqp.router.route({}, name)["queue"].name == "timers"
-    assert app.amqp.router.route({}, "payments.retry_webhooks")["queue"].name == "default"
+    def queue(name):
+        return app.amqp.router.route({}, name)["queue"].name
+
+    assert queue("payments.sweep") == queue("payments.reap_leases") == "timers"
+    assert queue("payments.materialize_recurring") == "recurring"
+    assert queue("payments.retry_webhooks") == queue("payments.deliver_webhook") == "webhooks"
+    assert queue("ledger.reconcile") == "default"
 
 
 def _index_scan(plan: dict, index: str) -> dict | None:
