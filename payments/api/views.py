@@ -33,6 +33,7 @@ from ..idempotency import (
 )
 from ..models import Actor
 from . import serializers as s
+from .auth import InternalRateThrottle
 from .serializers import StrictSerializer
 
 IDEMPOTENCY_HEADER = OpenApiParameter(
@@ -307,7 +308,16 @@ class InternalExecuteView(APIView):
 
     authentication_classes: list = []
     permission_classes = [InternalAuthPermission]
-    throttle_classes: list = []
+    throttle_classes = [InternalRateThrottle]
+
+    def check_permissions(self, request):
+        """Throttle first: a caller guessing X-Internal-Auth is throttled too
+        (DRF checks permissions before throttles)."""
+        super().check_throttles(request)
+        super().check_permissions(request)
+
+    def check_throttles(self, request):
+        """Already checked, before the permission (see ``check_permissions``)."""
 
     @extend_schema(
         operation_id="internal_payment_execute",
