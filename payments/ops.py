@@ -190,10 +190,8 @@ class DatabaseCollector:
     def values(self) -> dict | None:
         """The gauges' values, computed at most once per ``METRICS_DB_CACHE_SECONDS``."""
         with self._lock:
-            if (
-                self._computed_at is None
-                or self.clock() - self._computed_at >= settings.METRICS_DB_CACHE_SECONDS
-            ):
+            age = None if self._computed_at is None else self.clock() - self._computed_at
+            if age is None or not 0 <= age < settings.METRICS_DB_CACHE_SECONDS:
                 self._values = self._compute()
                 self._computed_at = self.clock()
             return self._values

@@ -7,6 +7,7 @@ import logging
 import secrets
 
 from django.contrib.auth.models import AbstractBaseUser
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from redis.exceptions import RedisError
 from rest_framework import authentication, exceptions
 from rest_framework.throttling import BaseThrottle, SimpleRateThrottle, UserRateThrottle
@@ -57,6 +58,16 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
 
     def authenticate_header(self, request):
         return self.keyword
+
+
+class BearerTokenScheme(OpenApiAuthenticationExtension):
+    """The OpenAPI security scheme of ``BearerTokenAuthentication`` (registered on import)."""
+
+    target_class = BearerTokenAuthentication
+    name = "bearerAuth"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "http", "scheme": "bearer"}
 
 
 def client_ip(request) -> str | None:

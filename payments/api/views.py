@@ -248,7 +248,9 @@ def owned_account(request, account_id: int):
 
 
 class AccountListView(APIView):
-    @extend_schema(summary="Your accounts", responses={200: s.AccountListOutput})
+    @extend_schema(
+        operation_id="accounts_list", summary="Your accounts", responses={200: s.AccountListOutput}
+    )
     def get(self, request):
         accounts = ledger_selectors.account_list_for_owner(owner=request.user)
         return Response({"accounts": s.AccountOutput(accounts, many=True).data})

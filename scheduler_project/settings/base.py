@@ -227,8 +227,7 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
-    "SECURITY": [{"bearerAuth": []}],
-    "APPEND_COMPONENTS": {"securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer"}}},
+    # The bearerAuth security scheme comes from payments.api.auth.BearerTokenScheme.
 }
 
 # --- Payments -------------------------------------------------------------
