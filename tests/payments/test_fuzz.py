@@ -39,7 +39,7 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
 from payments import recurring, services, webhooks
-from payments.api.auth import ClientRateThrottle
+from payments.api.auth import ClientRateThrottle, InternalRateThrottle
 from payments.execution import payment_execute_now
 from payments.models import IdempotencyKey, Payment
 from scheduler_project.wsgi import application
@@ -195,6 +195,7 @@ def resources(db, settings, monkeypatch):
     # DRF reads throttle rates once, at import: lift the budget on the class so
     # hundreds of in-process requests a second are fuzzed, not throttled.
     monkeypatch.setattr(ClientRateThrottle, "rate", "1000000/s", raising=False)
+    monkeypatch.setattr(InternalRateThrottle, "rate", "1000000/s", raising=False)
     # Webhook deliveries are written as usual but not published to the broker:
     # a worker elsewhere must not POST to URLs the fuzzer made up.
     monkeypatch.setattr(webhooks, "_enqueue", lambda ids: None)
