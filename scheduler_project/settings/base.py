@@ -131,9 +131,7 @@ if env.str("DATABASE_URL", default=""):
     # opening one more backend until PostgreSQL refuses ("too many clients").
     # Off elsewhere: Celery's prefork children must not inherit a pool (and its
     # threads) created before the fork, and each child uses one connection.
-    if env.bool("DB_POOL", default=False) and DATABASES["default"]["ENGINE"].endswith(
-        "postgresql"
-    ):
+    if env.bool("DB_POOL", default=False) and DATABASES["default"]["ENGINE"].endswith("postgresql"):
         DATABASES["default"]["CONN_MAX_AGE"] = 0  # the pool keeps connections instead
         DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
             "min_size": env.int("DB_POOL_MIN_SIZE", default=1),

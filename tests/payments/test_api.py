@@ -528,7 +528,9 @@ def test_client_address_behind_configured_proxies(rf, settings):
     assert client_ip(request) == "198.51.100.7"
 
 
-def test_internal_endpoint_is_throttled_before_the_token_check(client, alice, settings, monkeypatch):
+def test_internal_endpoint_is_throttled_before_the_token_check(
+    client, alice, settings, monkeypatch
+):
     from payments.api.auth import InternalRateThrottle
 
     settings.INTERNAL_API_TOKEN = "operator-secret"
@@ -593,9 +595,7 @@ def test_body_over_the_api_limit_is_413_and_writes_nothing(alice, settings):
 
     body = schedule_body(alice, metadata={"blob": "x" * settings.API_MAX_BODY_BYTES})
     for headers in ({}, {"Idempotency-Key": "big-1"}):
-        response = alice.api.post(
-            "/api/v1/payments/schedule", body, format="json", headers=headers
-        )
+        response = alice.api.post("/api/v1/payments/schedule", body, format="json", headers=headers)
         err = error(response, 413, "payload_too_large")
         assert err["details"] == {"max_bytes": settings.API_MAX_BODY_BYTES}
     assert Payment.objects.count() == 0 and IdempotencyKey.objects.count() == 0
@@ -612,9 +612,7 @@ def test_body_over_djangos_upload_limit_is_413_not_500(alice, settings):
     settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1024
     body = schedule_body(alice, metadata={"blob": "x" * 2048})
     for headers in ({}, {"Idempotency-Key": "big-2"}):
-        response = alice.api.post(
-            "/api/v1/payments/schedule", body, format="json", headers=headers
-        )
+        response = alice.api.post("/api/v1/payments/schedule", body, format="json", headers=headers)
         error(response, 413, "payload_too_large")
     assert Payment.objects.count() == 0
     assert alice.schedule(headers={"Idempotency-Key": "big-2"}).status_code == 201

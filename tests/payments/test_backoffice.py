@@ -232,9 +232,7 @@ def payment_queries(captured) -> int:
     return sum("payments_payment" in q["sql"] for q in captured.captured_queries)
 
 
-def test_metrics_database_gauges_are_computed_once_per_window(
-    client, alice, settings, monkeypatch
-):
+def test_metrics_database_gauges_are_computed_once_per_window(client, alice, settings, monkeypatch):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 

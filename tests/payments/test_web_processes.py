@@ -3,6 +3,7 @@ the shared Redis throttle cache, and the bounded PostgreSQL connection pool."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -188,10 +189,8 @@ class TcpProxy:
         except OSError:
             pass
         for sock in (src, dst):
-            try:
+            with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
     def close(self) -> None:
         if self.listener is not None:
@@ -199,10 +198,8 @@ class TcpProxy:
             self.listener = None
         with self.lock:
             for sock in self.sockets:
-                try:
+                with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
                 sock.close()
             self.sockets.clear()
 
@@ -241,9 +238,8 @@ def test_gunicorn_answers_503_while_the_database_is_away_and_retries_succeed(tmp
         assert json.loads(content)["error"]["code"] == "service_unavailable"
         status, _, content = web.request("GET", "/readyz")
         assert status == 503 and json.loads(content)["checks"]["database"].startswith("error")
-        status, headers, content = web.request(
-            "GET", "/admin/payments/payment/", headers={"Cookie": "sessionid=" + "a" * 32}  # a key to look up
-        )
+        session = {"Cookie": "sessionid=" + "a" * 32}  # a well-formed key: looked up
+        status, headers, content = web.request("GET", "/admin/payments/payment/", headers=session)
         assert status == 503 and headers["Retry-After"] == "1", content
         assert headers["Content-Type"].startswith("text/plain")
         assert web.request("GET", "/healthz")[0] == 200

@@ -107,7 +107,7 @@ def show_settings(**env: str) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def test_throttle_cache_follows_the_redis_broker_or_cache_url():
+def test_throttle_cache_follows_the_redis_broker_or_cache_url(tmp_path):
     shown = show_settings()
     assert shown["cache"]["BACKEND"] == "scheduler_project.cache.RedisCache"
     assert shown["cache"]["LOCATION"] == "redis://127.0.0.1:6379/3"
@@ -119,7 +119,7 @@ def test_throttle_cache_follows_the_redis_broker_or_cache_url():
     shown = show_settings(CACHE_URL="locmemcache://")
     assert shown["cache"]["BACKEND"].endswith("LocMemCache")
     # The laptop default (file broker): one process, its own memory.
-    shown = show_settings(CELERY_BROKER_URL="", VAR_DIR="/tmp/scheduler-settings-test")
+    shown = show_settings(CELERY_BROKER_URL="", VAR_DIR=str(tmp_path))
     assert shown["cache"]["BACKEND"].endswith("LocMemCache")
 
 
