@@ -126,9 +126,14 @@ if env.str("DATABASE_URL", default=""):
     # processes: gunicorn.conf.py sets DB_POOL=true. Each web process holds at
     # most DB_POOL_MAX_SIZE connections, so WEB_CONCURRENCY x DB_POOL_MAX_SIZE
     # bounds the web tier's share of PostgreSQL's max_connections; a request
-    # that finds every connection busy waits up to DB_POOL_TIMEOUT seconds,
-    # then answers 503 with Retry-After (payments.api.errors) instead of
-    # opening one more backend until PostgreSQL refuses ("too many clients").
+    # that finds every connection busy (or PostgreSQL unreachable) waits up to
+    # DB_POOL_TIMEOUT seconds, then answers 503 with Retry-After
+    # (payments.api.errors) instead of opening one more backend until
+    # PostgreSQL refuses ("too many clients"). A reachable server connects in
+    # milliseconds, so the wait is short: a sync worker waiting is a worker
+    # not serving. The pool retries a lost server with doubling delays and
+    # starts afresh after DB_POOL_RECONNECT_TIMEOUT, so after an outage it
+    # is back within seconds of the database, not minutes.
     # Off elsewhere: Celery's prefork children must not inherit a pool (and its
     # threads) created before the fork, and each child uses one connection.
     if env.bool("DB_POOL", default=False) and DATABASES["default"]["ENGINE"].endswith("postgresql"):
@@ -136,7 +141,8 @@ if env.str("DATABASE_URL", default=""):
         DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
             "min_size": env.int("DB_POOL_MIN_SIZE", default=1),
             "max_size": env.int("DB_POOL_MAX_SIZE", default=4),
-            "timeout": env.float("DB_POOL_TIMEOUT", default=5.0),
+            "timeout": env.float("DB_POOL_TIMEOUT", default=2.0),
+            "reconnect_timeout": env.float("DB_POOL_RECONNECT_TIMEOUT", default=10.0),
         }
 else:
     VAR_DIR.mkdir(parents=True, exist_ok=True)

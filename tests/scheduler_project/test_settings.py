@@ -127,7 +127,12 @@ def test_pool_only_where_asked_and_never_with_persistent_connections():
     shown = show_settings()
     assert shown["pool"] is None and shown["conn_max_age"] == 60
     shown = show_settings(DB_POOL="true", DB_POOL_MAX_SIZE="3", DB_POOL_TIMEOUT="2.5")
-    assert shown["pool"] == {"min_size": 1, "max_size": 3, "timeout": 2.5}
+    assert shown["pool"] == {
+        "min_size": 1,
+        "max_size": 3,
+        "timeout": 2.5,
+        "reconnect_timeout": 10.0,
+    }
     assert shown["conn_max_age"] == 0
     assert show_settings(SECURE_PROXY_SSL_HEADER="X-Forwarded-Proto")["proxy_ssl_header"] == [
         "HTTP_X_FORWARDED_PROTO",
