@@ -68,39 +68,38 @@ def error_body(code: str, message: str, details: dict | None = None) -> dict:
     return {"error": {"code": code, "message": message, "details": details or {}}}
 
 
-def _retry_after() -> int:
-    return settings.SERVICE_UNAVAILABLE_RETRY_AFTER
+def unavailable_body() -> tuple[dict, dict]:
+    """The 503 ``service_unavailable`` body and its ``Retry-After`` header."""
+    retry_after = settings.SERVICE_UNAVAILABLE_RETRY_AFTER
+    body = error_body(
+        "service_unavailable", UNAVAILABLE_MESSAGE, {"retry_after_seconds": retry_after}
+    )
+    return body, {"Retry-After": str(retry_after)}
+
+
+def too_large_body(limit: int) -> dict:
+    return error_body(
+        "payload_too_large", TOO_LARGE_MESSAGE.format(limit=limit), {"max_bytes": limit}
+    )
 
 
 def service_unavailable(request, exc: BaseException) -> HttpResponse:
     """503 + Retry-After outside DRF: the error shape under /api/, plain text elsewhere."""
     logger.warning("database unavailable: %s %s: %r", request.method, request.path, exc)
-    retry_after = _retry_after()
+    body, headers = unavailable_body()
     if request.path.startswith("/api/"):
-        response = JsonResponse(
-            error_body(
-                "service_unavailable", UNAVAILABLE_MESSAGE, {"retry_after_seconds": retry_after}
-            ),
-            status=503,
-        )
-    else:
-        response = HttpResponse(
-            "503 Service Unavailable: the database is unavailable; retry later.\n",
-            status=503,
-            content_type="text/plain; charset=utf-8",
-        )
-    response["Retry-After"] = str(retry_after)
-    return response
+        return JsonResponse(body, status=503, headers=headers)
+    return HttpResponse(
+        "503 Service Unavailable: the database is unavailable; retry later.\n",
+        status=503,
+        content_type="text/plain; charset=utf-8",
+        headers=headers,
+    )
 
 
 def payload_too_large() -> JsonResponse:
-    limit = settings.API_MAX_BODY_BYTES
-    return JsonResponse(
-        error_body(
-            "payload_too_large", TOO_LARGE_MESSAGE.format(limit=limit), {"max_bytes": limit}
-        ),
-        status=413,
-    )
+    """413 for an API body over ``API_MAX_BODY_BYTES`` (payments.middleware)."""
+    return JsonResponse(too_large_body(settings.API_MAX_BODY_BYTES), status=413)
 
 
 def _field_errors(detail) -> dict:
@@ -158,20 +157,11 @@ def exception_handler(exc, context):
         )
     if isinstance(exc, DATABASE_UNAVAILABLE):
         logger.warning("database unavailable: %r", exc)
-        retry_after = _retry_after()
+        body, headers = unavailable_body()
+        return Response(body, status=status.HTTP_503_SERVICE_UNAVAILABLE, headers=headers)
+    if isinstance(exc, RequestDataTooBig):  # Django's own limit, reached reading the body
         return Response(
-            error_body(
-                "service_unavailable", UNAVAILABLE_MESSAGE, {"retry_after_seconds": retry_after}
-            ),
-            status=status.HTTP_503_SERVICE_UNAVAILABLE,
-            headers={"Retry-After": str(retry_after)},
-        )
-    if isinstance(exc, RequestDataTooBig):
-        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-        return Response(
-            error_body(
-                "payload_too_large", TOO_LARGE_MESSAGE.format(limit=limit), {"max_bytes": limit}
-            ),
+            too_large_body(settings.DATA_UPLOAD_MAX_MEMORY_SIZE),
             status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
         )
     logger.exception("Unhandled API error", extra={"view": type(context.get("view")).__name__})
