@@ -164,3 +164,18 @@ def test_cache_clear_leaves_the_brokers_keys_alone():
         assert broker.get("test-broker-key") == b"queued message"
     finally:
         broker.delete("test-broker-key")
+
+
+@pytest.mark.django_db
+def test_https_redirect_spares_probes_and_metrics_and_trusts_the_proxy_header(client, settings):
+    settings.SECURE_SSL_REDIRECT = True
+    settings.SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    settings.SECURE_HSTS_SECONDS = 3600
+    redirected = client.get("/api/v1/accounts")
+    assert redirected.status_code == 301
+    assert redirected["Location"] == "https://testserver/api/v1/accounts"
+    for path in ("/healthz", "/readyz", "/metrics"):
+        assert client.get(path).status_code == 200, path
+    behind_proxy = client.get("/api/v1/accounts", HTTP_X_FORWARDED_PROTO="https")
+    assert behind_proxy.status_code == 401  # reached the API over "https"
+    assert behind_proxy["Strict-Transport-Security"] == "max-age=3600"
