@@ -2,6 +2,13 @@
 
 import os
 
+# The web processes use Django's bounded connection pool (settings: DB_POOL).
+# Set here, in the master, before any worker imports Django: each worker
+# creates its own pool lazily after the fork. Celery workers never read this
+# file, so their prefork children never inherit a pool. DB_POOL=false in the
+# environment turns it off.
+os.environ.setdefault("DB_POOL", "true")
+
 bind = os.environ.get("GUNICORN_BIND", f"0.0.0.0:{os.environ.get('PORT', '8000')}")
 workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
 accesslog = "-"

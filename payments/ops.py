@@ -7,6 +7,8 @@ asked; nothing here needs a process to have been running to be right.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from datetime import timedelta
 
 from django.conf import settings
@@ -138,7 +140,17 @@ def last_reconciliation() -> ReconciliationRun | None:
 
 
 class DatabaseCollector:
-    """Prometheus gauges read from the database at scrape time (the truth, from any process)."""
+    """Prometheus gauges read from the database (the truth, from any process).
+
+    The aggregate queries run over all payments (tenths of a second with a
+    million pending), so their result is kept ``METRICS_DB_CACHE_SECONDS`` per
+    process: however often /metrics is scraped, the database answers them at
+    most once per window. Concurrent scrapes (threads) wait on a lock for the
+    one computation in progress instead of running their own. A failed
+    computation (database busy or down) is remembered for the window too: the
+    gauges are left out of the exposition and the database is not asked again
+    by every scrape.
+    """
 
     FAMILIES = (
         ("payments_pending", "PENDING payments", ()),
@@ -154,12 +166,37 @@ class DatabaseCollector:
         ),
     )
 
+    def __init__(self, clock=time.monotonic) -> None:
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._computed_at: float | None = None
+        self._values: dict | None = None
+
     def describe(self):
         """Names only, so registering the collector does not query the database."""
         for name, doc, labels in self.FAMILIES:
             yield GaugeMetricFamily(name, doc, labels=list(labels) or None)
 
     def collect(self):
+        values = self.values()
+        if values is None:
+            return
+        for name, doc, labels in self.FAMILIES:
+            family = GaugeMetricFamily(name, doc, labels=list(labels) or None)
+            for label_values, value in values[name].items():
+                family.add_metric(list(label_values), value)
+            yield family
+
+    def values(self) -> dict | None:
+        """The gauges' values, computed at most once per ``METRICS_DB_CACHE_SECONDS``."""
+        with self._lock:
+            age = None if self._computed_at is None else self.clock() - self._computed_at
+            if age is None or not 0 <= age < settings.METRICS_DB_CACHE_SECONDS:
+                self._values = self._compute()
+                self._computed_at = self.clock()
+            return self._values
+
+    def _compute(self) -> dict | None:
         try:
             backlog = backlog_by_bucket()
             dead = dead_letter_count()
@@ -169,8 +206,8 @@ class DatabaseCollector:
             depths = queue_depths() or {}
         except Exception:  # a scrape must not fail because the database is busy
             logger.warning("database metrics unavailable", exc_info=True)
-            return
-        values = {
+            return None
+        return {
             "payments_pending": {(): pending},
             "payments_queued": {(): queued},
             "payments_backlog": {(bucket,): n for bucket, n in backlog.items()},
@@ -181,8 +218,3 @@ class DatabaseCollector:
                 (): run.started_at.timestamp() if run else 0
             },
         }
-        for name, doc, labels in self.FAMILIES:
-            family = GaugeMetricFamily(name, doc, labels=list(labels) or None)
-            for label_values, value in values[name].items():
-                family.add_metric(list(label_values), value)
-            yield family

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import functools
+import hmac
+import ipaddress
 import os
 
 from django.conf import settings
 from django.contrib.admin.views.decorators import staff_member_required
 from django.core.exceptions import PermissionDenied
 from django.db import connection
-from django.http import HttpResponse, JsonResponse
+from django.http import HttpResponse, HttpResponseForbidden, JsonResponse
 from django.template.response import TemplateResponse
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
@@ -50,9 +53,43 @@ def readyz(request):
     )
 
 
+@functools.lru_cache(maxsize=8)
+def _networks(cidrs: tuple[str, ...]) -> tuple:
+    return tuple(ipaddress.ip_network(cidr) for cidr in cidrs)
+
+
+def metrics_allowed(request) -> bool:
+    """``Authorization: Bearer <METRICS_TOKEN>``, or a connection from METRICS_ALLOWED_NETWORKS.
+
+    The address is the connection's (REMOTE_ADDR): X-Forwarded-For is written
+    by the client and proves nothing.
+    """
+    token = settings.METRICS_TOKEN
+    if token:
+        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(
+            given.strip().encode(), token.encode()
+        ):
+            return True
+    try:
+        address = ipaddress.ip_address(request.META.get("REMOTE_ADDR", ""))
+    except ValueError:
+        return False
+    if address.version == 6 and address.ipv4_mapped:
+        address = address.ipv4_mapped  # a dual-stack socket reports ::ffff:127.0.0.1
+    return any(address in net for net in _networks(tuple(settings.METRICS_ALLOWED_NETWORKS)))
+
+
 def metrics(request):
     """Prometheus exposition: this process, plus every worker/beat/web process on this host
-    when ``PROMETHEUS_MULTIPROC_DIR`` is shared, plus database-derived gauges."""
+    when ``PROMETHEUS_MULTIPROC_DIR`` is shared, plus database-derived gauges (cached,
+    see ``ops.DatabaseCollector``). Only for Prometheus: see ``metrics_allowed``."""
+    if not metrics_allowed(request):
+        return HttpResponseForbidden(
+            "403 Forbidden: /metrics needs Authorization: Bearer <METRICS_TOKEN> "
+            "or a source address in METRICS_ALLOWED_NETWORKS.\n",
+            content_type="text/plain; charset=utf-8",
+        )
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess
 

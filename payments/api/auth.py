@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import logging
+
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from redis.exceptions import RedisError
 from rest_framework import authentication, exceptions
-from rest_framework.throttling import UserRateThrottle
+from rest_framework.throttling import BaseThrottle, SimpleRateThrottle, UserRateThrottle
 
 from ..models import ApiToken
 from ..tokens import hash_token
+
+logger = logging.getLogger(__name__)
 
 
 class BearerTokenAuthentication(authentication.BaseAuthentication):
@@ -37,7 +43,52 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
         return self.keyword
 
 
-class ClientRateThrottle(UserRateThrottle):
+class BearerTokenScheme(OpenApiAuthenticationExtension):
+    """The OpenAPI security scheme of ``BearerTokenAuthentication`` (registered on import)."""
+
+    target_class = BearerTokenAuthentication
+    name = "bearerAuth"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "http", "scheme": "bearer"}
+
+
+def client_ip(request) -> str | None:
+    """The client's address as the throttles and the admin login lockout see it.
+
+    ``REMOTE_ADDR`` unless ``NUM_PROXIES`` (settings) says how many proxies
+    in front append to ``X-Forwarded-For``; then the address the outermost of
+    them saw. A client-written ``X-Forwarded-For`` never decides it.
+    """
+    return BaseThrottle().get_ident(request)
+
+
+class SharedCacheThrottle(SimpleRateThrottle):
+    """A rate throttle over the shared cache that lets requests through if the cache is down.
+
+    The counters live in Redis (settings.CACHES), so every web process spends
+    one budget. Redis being unreachable must not turn the API into 500s: the
+    request is allowed and the failure logged.
+    """
+
+    def allow_request(self, request, view):
+        try:
+            return super().allow_request(request, view)
+        except RedisError:
+            logger.warning("throttle cache unavailable; request allowed", exc_info=True)
+            return True
+
+
+class ClientRateThrottle(SharedCacheThrottle, UserRateThrottle):
     """One budget per client (per IP for unauthenticated calls)."""
 
     scope = "client"
+
+
+class InternalRateThrottle(SharedCacheThrottle):
+    """One budget per client address for the operator endpoint, whatever it sends."""
+
+    scope = "internal"
+
+    def get_cache_key(self, request, view):
+        return self.cache_format % {"scope": self.scope, "ident": self.get_ident(request)}

@@ -33,6 +33,7 @@ from ..idempotency import (
 )
 from ..models import Actor
 from . import serializers as s
+from .auth import InternalRateThrottle
 from .serializers import StrictSerializer
 
 IDEMPOTENCY_HEADER = OpenApiParameter(
@@ -253,7 +254,9 @@ def owned_account(request, account_id: int):
 
 
 class AccountListView(APIView):
-    @extend_schema(summary="Your accounts", responses={200: s.AccountListOutput})
+    @extend_schema(
+        operation_id="accounts_list", summary="Your accounts", responses={200: s.AccountListOutput}
+    )
     def get(self, request):
         accounts = ledger_selectors.account_list_for_owner(owner=request.user)
         return Response({"accounts": s.AccountOutput(accounts, many=True).data})
@@ -313,7 +316,16 @@ class InternalExecuteView(APIView):
 
     authentication_classes: list = []
     permission_classes = [InternalAuthPermission]
-    throttle_classes: list = []
+    throttle_classes = [InternalRateThrottle]
+
+    def check_permissions(self, request):
+        """Throttle first: a caller guessing X-Internal-Auth is throttled too
+        (DRF checks permissions before throttles)."""
+        super().check_throttles(request)
+        super().check_permissions(request)
+
+    def check_throttles(self, request):
+        """Already checked, before the permission (see ``check_permissions``)."""
 
     @extend_schema(
         operation_id="internal_payment_execute",

@@ -7,6 +7,8 @@ laptop with only Python can run web + worker + beat. Production and the test
 suite use PostgreSQL and Redis.
 """
 
+import ipaddress
+from datetime import timedelta
 from pathlib import Path
 
 import environ
@@ -31,6 +33,32 @@ if not SECRET_KEY:
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 
+# --- HTTPS (manage.py check --deploy) ---------------------------------------
+# TLS is terminated by a reverse proxy in production. Name the header it sets
+# (e.g. X-Forwarded-Proto) so Django knows a request came over HTTPS; set it
+# only behind a proxy that overwrites that header, or a client could claim
+# HTTPS. Unset: no proxy header is trusted.
+_proxy_ssl_header = env.str("SECURE_PROXY_SSL_HEADER", default="")
+SECURE_PROXY_SSL_HEADER = (
+    ("HTTP_" + _proxy_ssl_header.upper().replace("-", "_"), "https") if _proxy_ssl_header else None
+)
+# Redirect plain HTTP to HTTPS. Off unless set: it needs the TLS proxy above
+# (without it every request would redirect to an https:// nobody serves).
+# Probes and Prometheus scrape over plain HTTP inside the network, so the
+# operations endpoints are exempt.
+SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=False)
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
+# HSTS makes browsers refuse plain HTTP to this host for that long; it is
+# sticky, so it is switched on deliberately (docker-compose sets a year).
+SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=False)
+SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=False)
+# Session and CSRF cookies only over HTTPS, except in a DEBUG run on plain
+# http://localhost. Browsers accept secure cookies from http://localhost, so
+# a local non-DEBUG run still logs in there.
+SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=not DEBUG)
+CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=not DEBUG)
+
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",
@@ -43,6 +71,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "django_celery_beat",
+    "axes",
     "ledger",
     "payments",
 ]
@@ -50,6 +79,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # Before anything reads the body: an oversized API request is a 413 at once.
+    "payments.middleware.ApiBodyLimitMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -57,6 +88,10 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_prometheus.middleware.PrometheusAfterMiddleware",
+    # Turns a lockout flagged by the axes backend into its 429 response.
+    "axes.middleware.AxesMiddleware",
+    # Views outside DRF (admin, health): database unavailable -> 503, not 500.
+    "payments.middleware.DatabaseUnavailableMiddleware",
 ]
 
 ROOT_URLCONF = "scheduler_project.urls"
@@ -87,6 +122,28 @@ if env.str("DATABASE_URL", default=""):
     DATABASES = {"default": env.db("DATABASE_URL")}
     DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("CONN_MAX_AGE", default=60))
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    # Bounded connection pool (Django's built-in psycopg pool) for the web
+    # processes: gunicorn.conf.py sets DB_POOL=true. Each web process holds at
+    # most DB_POOL_MAX_SIZE connections, so WEB_CONCURRENCY x DB_POOL_MAX_SIZE
+    # bounds the web tier's share of PostgreSQL's max_connections; a request
+    # that finds every connection busy (or PostgreSQL unreachable) waits up to
+    # DB_POOL_TIMEOUT seconds, then answers 503 with Retry-After
+    # (payments.api.errors) instead of opening one more backend until
+    # PostgreSQL refuses ("too many clients"). A reachable server connects in
+    # milliseconds, so the wait is short: a sync worker waiting is a worker
+    # not serving. The pool retries a lost server with doubling delays and
+    # starts afresh after DB_POOL_RECONNECT_TIMEOUT, so after an outage it
+    # is back within seconds of the database, not minutes.
+    # Off elsewhere: Celery's prefork children must not inherit a pool (and its
+    # threads) created before the fork, and each child uses one connection.
+    if env.bool("DB_POOL", default=False) and DATABASES["default"]["ENGINE"].endswith("postgresql"):
+        DATABASES["default"]["CONN_MAX_AGE"] = 0  # the pool keeps connections instead
+        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+            "min_size": env.int("DB_POOL_MIN_SIZE", default=1),
+            "max_size": env.int("DB_POOL_MAX_SIZE", default=4),
+            "timeout": env.float("DB_POOL_TIMEOUT", default=2.0),
+            "reconnect_timeout": env.float("DB_POOL_RECONNECT_TIMEOUT", default=10.0),
+        }
 else:
     VAR_DIR.mkdir(parents=True, exist_ok=True)
     DATABASES = {
@@ -103,6 +160,24 @@ else:
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# Admin login lockout (django-axes): after AXES_FAILURE_LIMIT failed logins
+# for one username from one address, that pair is refused (429) for
+# AXES_COOLOFF_MINUTES. Attempts are rows in the database (admin: "Access
+# attempts"; delete one to unlock early, or `manage.py axes_reset`). The
+# address is the one the API throttles use (NUM_PROXIES), so behind a proxy
+# one attacker cannot lock out everyone behind the same proxy address.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env.int("AXES_FAILURE_LIMIT", default=5)
+AXES_COOLOFF_TIME = timedelta(minutes=env.float("AXES_COOLOFF_MINUTES", default=15))
+AXES_LOCKOUT_PARAMETERS = [["ip_address", "username"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_CLIENT_IP_CALLABLE = "payments.api.auth.client_ip"
+# Failures are what the lockout needs; a row per successful login is not.
+AXES_DISABLE_ACCESS_LOG = True
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -118,18 +193,22 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
 
-# --- Cache (API throttling) ---------------------------------------------
-# Throttle counters must be shared by every web process: set CACHE_URL to
-# Redis in production (e.g. redis://127.0.0.1:6379/1). The default keeps them
-# per process, which is enough for one local server.
-CACHES = {"default": env.cache("CACHE_URL", default="locmemcache://")}
 
 # --- API ------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["payments.api.auth.BearerTokenAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_THROTTLE_CLASSES": ["payments.api.auth.ClientRateThrottle"],
-    "DEFAULT_THROTTLE_RATES": {"client": env.str("API_THROTTLE_RATE", default="100/s")},
+    "DEFAULT_THROTTLE_RATES": {
+        "client": env.str("API_THROTTLE_RATE", default="100/s"),
+        # Per client address, checked before X-Internal-Auth: guessing the
+        # operator token is throttled too.
+        "internal": env.str("INTERNAL_API_THROTTLE_RATE", default="10/s"),
+    },
+    # Reverse proxies in front of the web processes that append to
+    # X-Forwarded-For. 0: the client address is REMOTE_ADDR and the header is
+    # ignored (anyone can write it); behind one proxy (that appends), set 1.
+    "NUM_PROXIES": env.int("NUM_PROXIES", default=0),
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     # DRF's JSON parser plus a 400 for JSON that PostgreSQL or UTF-8 cannot carry.
     "DEFAULT_PARSER_CLASSES": ["payments.api.parsers.JSONParser"],
@@ -152,8 +231,7 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
-    "SECURITY": [{"bearerAuth": []}],
-    "APPEND_COMPONENTS": {"securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer"}}},
+    # The bearerAuth security scheme comes from payments.api.auth.BearerTokenScheme.
 }
 
 # --- Payments -------------------------------------------------------------
@@ -162,6 +240,28 @@ PAYMENT_MAX_DELAY_SECONDS = env.int("PAYMENT_MAX_DELAY_SECONDS", default=365 * 2
 IDEMPOTENCY_TTL_SECONDS = env.int("IDEMPOTENCY_TTL_SECONDS", default=24 * 3600)
 # An IN_FLIGHT key older than this belongs to a request whose process died.
 IDEMPOTENCY_IN_FLIGHT_TIMEOUT = env.int("IDEMPOTENCY_IN_FLIGHT_TIMEOUT", default=60)
+# Largest API request body; bigger ones are refused (413 payload_too_large)
+# before anything reads or writes. The largest real request (a payment with
+# 4 KiB of metadata) is far below it.
+API_MAX_BODY_BYTES = env.int("API_MAX_BODY_BYTES", default=64 * 1024)
+# Seconds a client is told to wait (Retry-After) when the database is
+# unavailable or saturated (503 service_unavailable).
+SERVICE_UNAVAILABLE_RETRY_AFTER = env.int("SERVICE_UNAVAILABLE_RETRY_AFTER", default=2)
+
+# --- Metrics ----------------------------------------------------------------
+# /metrics answers requests carrying "Authorization: Bearer <METRICS_TOKEN>"
+# (unset: no token is accepted) or coming from METRICS_ALLOWED_NETWORKS,
+# judged by the connection's address (REMOTE_ADDR), never X-Forwarded-For.
+METRICS_TOKEN = env.str("METRICS_TOKEN", default="")
+METRICS_ALLOWED_NETWORKS = env.list("METRICS_ALLOWED_NETWORKS", default=["127.0.0.0/8", "::1/128"])
+try:
+    for _network in METRICS_ALLOWED_NETWORKS:
+        ipaddress.ip_network(_network)
+except ValueError as exc:
+    raise ImproperlyConfigured(f"METRICS_ALLOWED_NETWORKS: {exc}") from None
+# The database-derived gauges (counts over all payments) are computed at most
+# once per this many seconds per process, however often /metrics is scraped.
+METRICS_DB_CACHE_SECONDS = env.float("METRICS_DB_CACHE_SECONDS", default=15.0)
 
 # --- Celery ---------------------------------------------------------------
 _filesystem_broker = VAR_DIR / "broker"
@@ -196,6 +296,33 @@ else:
         # ETA'd messages early and repeatedly.
         "visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT", default=3600),
     }
+# --- Cache (API throttles) ---------------------------------------------------
+# Throttle counters must be shared by every web process, or N processes allow
+# N times the rate. CACHE_URL wins when set (a redis:// URL uses Django's
+# built-in Redis backend); otherwise, when the broker is Redis (docker-compose,
+# production), the cache lives there too under its own key prefix; otherwise
+# (laptop: file broker) each process keeps its own, enough for one server.
+# Short socket timeouts: the throttles let requests through (and log) when
+# Redis does not answer, rather than hanging or failing the API.
+_CACHE_REDIS_OPTIONS = {"socket_connect_timeout": 1, "socket_timeout": 1}
+if env.str("CACHE_URL", default=""):
+    CACHES = {"default": env.cache_url("CACHE_URL")}
+    if CACHES["default"]["BACKEND"].endswith("RedisCache"):
+        CACHES["default"]["BACKEND"] = "scheduler_project.cache.RedisCache"
+        CACHES["default"].setdefault("KEY_PREFIX", "scheduler")
+        CACHES["default"]["OPTIONS"] = _CACHE_REDIS_OPTIONS | CACHES["default"].get("OPTIONS", {})
+elif CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+    CACHES = {
+        "default": {
+            "BACKEND": "scheduler_project.cache.RedisCache",
+            "LOCATION": CELERY_BROKER_URL,
+            "KEY_PREFIX": "scheduler",
+            "OPTIONS": _CACHE_REDIS_OPTIONS,
+        }
+    }
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
 # Payment outcomes live in PostgreSQL; task results are never read back.
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True

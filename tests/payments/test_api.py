@@ -506,3 +506,117 @@ def test_schema_and_offline_docs(client):
     assert "swagger-ui" in html and "http://" not in html.replace("http://testserver", "")
     assert "https://" not in html
     assert JournalEntry.objects.count() == 0 and PaymentEvent.objects.count() == 0
+
+
+def test_anonymous_budget_is_per_connection_address_not_x_forwarded_for(client, monkeypatch):
+    """With no proxy configured (NUM_PROXIES=0) a client-written X-Forwarded-For
+    does not open a fresh budget."""
+    from payments.api.auth import ClientRateThrottle
+
+    monkeypatch.setattr(ClientRateThrottle, "THROTTLE_RATES", {"client": "2/min"})
+    for n in range(2):
+        response = client.get("/api/schema/", HTTP_X_FORWARDED_FOR=f"192.0.2.{n}")
+        assert response.status_code == 200
+    spoofed = client.get("/api/schema/", HTTP_X_FORWARDED_FOR="192.0.2.99")
+    assert spoofed.status_code == 429 and int(spoofed["Retry-After"]) > 0
+    assert client.get("/api/schema/", REMOTE_ADDR="198.51.100.1").status_code == 200
+
+
+def test_client_address_behind_configured_proxies(rf, settings):
+    from payments.api.auth import client_ip
+
+    request = rf.get("/", REMOTE_ADDR="10.0.0.5", HTTP_X_FORWARDED_FOR="6.6.6.6, 198.51.100.7")
+    assert client_ip(request) == "10.0.0.5"
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "NUM_PROXIES": 1}
+    # One proxy appends the address it saw; what the client wrote before it is ignored.
+    assert client_ip(request) == "198.51.100.7"
+
+
+def test_internal_endpoint_is_throttled_before_the_token_check(
+    client, alice, settings, monkeypatch
+):
+    from payments.api.auth import InternalRateThrottle
+
+    settings.INTERNAL_API_TOKEN = "operator-secret"
+    monkeypatch.setattr(InternalRateThrottle, "THROTTLE_RATES", {"internal": "3/min"})
+    pid = alice.schedule().json()["payment_id"]
+    url = f"/api/v1/internal/payments/{pid}/execute"
+    for n in range(3):
+        guess = client.post(
+            url,
+            {"execution_id": "x"},
+            content_type="application/json",
+            HTTP_X_INTERNAL_AUTH=f"guess-{n}",
+            HTTP_X_FORWARDED_FOR=f"192.0.2.{n}",
+        )
+        error(guess, 404, "not_found")
+    # The budget is spent: even the right token waits, and a new X-Forwarded-For
+    # does not help.
+    right = client.post(
+        url,
+        {"execution_id": "x"},
+        content_type="application/json",
+        HTTP_X_INTERNAL_AUTH="operator-secret",
+        HTTP_X_FORWARDED_FOR="192.0.2.200",
+    )
+    err = error(right, 429, "throttled")
+    assert int(right["Retry-After"]) > 0 and err["details"]["retry_after_seconds"] > 0
+    assert Payment.objects.get(pk=pid).status == PaymentStatus.PENDING
+
+
+def test_throttles_let_requests_through_when_the_cache_is_down(alice, settings):
+    """The shared throttle cache (Redis) unreachable: the API still answers."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed once the block ends: connection refused
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "scheduler_project.cache.RedisCache",
+            "LOCATION": f"redis://127.0.0.1:{port}/0",
+            "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 1},
+        }
+    }
+    response = alice.api.get("/api/v1/accounts")
+    assert response.status_code == 200, response.content
+
+
+# --- request size ------------------------------------------------------------------
+
+
+def schedule_body(alice, **overrides):
+    return {
+        "from_account_id": alice.account.pk,
+        "to_account_id": alice.other_account.pk,
+        "amount": 100,
+        "delay_seconds": 60,
+    } | overrides
+
+
+def test_body_over_the_api_limit_is_413_and_writes_nothing(alice, settings):
+    from payments.models import IdempotencyKey
+
+    body = schedule_body(alice, metadata={"blob": "x" * settings.API_MAX_BODY_BYTES})
+    for headers in ({}, {"Idempotency-Key": "big-1"}):
+        response = alice.api.post("/api/v1/payments/schedule", body, format="json", headers=headers)
+        err = error(response, 413, "payload_too_large")
+        assert err["details"] == {"max_bytes": settings.API_MAX_BODY_BYTES}
+    assert Payment.objects.count() == 0 and IdempotencyKey.objects.count() == 0
+    assert held(alice.account) == 0
+    # The key was not taken: the corrected request goes through with it.
+    fixed = alice.schedule(headers={"Idempotency-Key": "big-1"})
+    assert fixed.status_code == 201, fixed.content
+    assert Payment.objects.count() == 1
+
+
+def test_body_over_djangos_upload_limit_is_413_not_500(alice, settings):
+    """Django's own limit (DATA_UPLOAD_MAX_MEMORY_SIZE) raised inside a view: 413 too."""
+    settings.API_MAX_BODY_BYTES = 10 * 1024 * 1024
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1024
+    body = schedule_body(alice, metadata={"blob": "x" * 2048})
+    for headers in ({}, {"Idempotency-Key": "big-2"}):
+        response = alice.api.post("/api/v1/payments/schedule", body, format="json", headers=headers)
+        error(response, 413, "payload_too_large")
+    assert Payment.objects.count() == 0
+    assert alice.schedule(headers={"Idempotency-Key": "big-2"}).status_code == 201

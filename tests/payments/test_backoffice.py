@@ -181,6 +181,157 @@ def test_readyz_reports_a_dead_broker(client, settings):
     assert ready.json()["checks"]["broker"].startswith("error")
 
 
+# --- /metrics: who may scrape, and what a scrape costs the database -----------
+
+
+def test_metrics_answers_loopback_and_allowed_networks_only(client, settings):
+    assert client.get("/metrics").status_code == 200  # the test client is 127.0.0.1
+    assert client.get("/metrics", REMOTE_ADDR="::1").status_code == 200
+    assert client.get("/metrics", REMOTE_ADDR="::ffff:127.0.0.1").status_code == 200
+    outside = client.get("/metrics", REMOTE_ADDR="203.0.113.9")
+    assert outside.status_code == 403
+    assert "payments_" not in outside.content.decode()
+    # X-Forwarded-For is written by the client: it never makes a caller local.
+    spoofed = client.get("/metrics", REMOTE_ADDR="203.0.113.9", HTTP_X_FORWARDED_FOR="127.0.0.1")
+    assert spoofed.status_code == 403
+    settings.METRICS_ALLOWED_NETWORKS = ["10.0.0.0/8", "203.0.113.0/24"]
+    assert client.get("/metrics", REMOTE_ADDR="203.0.113.9").status_code == 200
+    assert client.get("/metrics", REMOTE_ADDR="127.0.0.1").status_code == 403
+    settings.METRICS_ALLOWED_NETWORKS = []
+    assert client.get("/metrics").status_code == 403
+
+
+def test_metrics_answers_the_bearer_token(client, settings):
+    settings.METRICS_ALLOWED_NETWORKS = []
+    outside = {"REMOTE_ADDR": "203.0.113.9"}
+    # No token configured: no token opens it, not even an empty one.
+    assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer ", **outside).status_code == 403
+    settings.METRICS_TOKEN = "scrape-secret"
+    assert client.get("/metrics", **outside).status_code == 403
+    wrong = client.get("/metrics", HTTP_AUTHORIZATION="Bearer scrape-secreT", **outside)
+    assert wrong.status_code == 403
+    basic = client.get("/metrics", HTTP_AUTHORIZATION="Basic scrape-secret", **outside)
+    assert basic.status_code == 403
+    ok = client.get("/metrics", HTTP_AUTHORIZATION="Bearer scrape-secret", **outside)
+    assert ok.status_code == 200
+    assert "payments_pending" in ok.content.decode()
+
+
+class FakeClock:
+    """Stands in for time.monotonic; far from any real reading, so the shared
+    collector's cache (computed under another clock) counts as stale."""
+
+    def __init__(self):
+        self.now = 1e9
+
+    def __call__(self):
+        return self.now
+
+
+def payment_queries(captured) -> int:
+    return sum("payments_payment" in q["sql"] for q in captured.captured_queries)
+
+
+def test_metrics_database_gauges_are_computed_once_per_window(client, alice, settings, monkeypatch):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from payments import views_ops
+
+    settings.METRICS_DB_CACHE_SECONDS = 15
+    clock = FakeClock()
+    monkeypatch.setattr(views_ops._database_collector, "clock", clock)
+    alice.schedule()
+
+    with CaptureQueriesContext(connection) as first:
+        assert metric(client.get("/metrics").content.decode(), "payments_pending") == 1
+    assert payment_queries(first) >= 4  # backlog, dead letters, pending, queued
+
+    alice.schedule()
+    clock.now += 14
+    with CaptureQueriesContext(connection) as scrapes:
+        for _ in range(20):
+            text = client.get("/metrics").content.decode()
+            assert metric(text, "payments_pending") == 1  # the cached figure
+    assert payment_queries(scrapes) == 0
+
+    clock.now += 1  # the window is over: the next scrape asks the database again
+    with CaptureQueriesContext(connection) as stale:
+        assert metric(client.get("/metrics").content.decode(), "payments_pending") == 2
+    assert payment_queries(stale) == payment_queries(first)
+
+
+def test_concurrent_scrapes_wait_for_the_one_computation(db, settings, monkeypatch):
+    """Threads scraping at once (gunicorn threads) run the aggregate queries once."""
+    import time
+
+    from django.test import Client
+
+    from payments import ops, views_ops
+    from tests.concurrency import run_in_threads
+
+    settings.METRICS_DB_CACHE_SECONDS = 15
+    monkeypatch.setattr(views_ops._database_collector, "clock", FakeClock())
+    computations = []
+    real_backlog = ops.backlog_by_bucket
+
+    def slow_backlog():
+        computations.append(1)
+        time.sleep(0.3)  # every other scrape arrives while this one is computing
+        return real_backlog()
+
+    monkeypatch.setattr(ops, "backlog_by_bucket", slow_backlog)
+    answers = []
+
+    def scrape(_):
+        response = Client().get("/metrics")
+        answers.append((response.status_code, "payments_pending" in response.content.decode()))
+
+    assert run_in_threads(scrape, 8) == []
+    assert answers == [(200, True)] * 8
+    assert len(computations) == 1
+
+
+# --- admin login lockout ---------------------------------------------------------
+
+
+def admin_login(client, username, password, ip="198.51.100.7"):
+    return client.post(
+        "/admin/login/?next=/admin/",
+        {"username": username, "password": password},
+        REMOTE_ADDR=ip,
+    )
+
+
+def test_admin_login_locks_out_an_address_and_username_after_failures(client, settings):
+    import time_machine
+    from django.utils import timezone
+
+    settings.AXES_FAILURE_LIMIT = 3
+    staff = UserFactory(username="ops", is_staff=True, is_superuser=True)
+    staff.set_password("correct horse battery")
+    staff.save()
+    for _ in range(2):
+        response = admin_login(client, "ops", "guess")
+        assert response.status_code == 200  # the form again, with an error
+    assert admin_login(client, "ops", "guess").status_code == 429  # the third locks
+    locked = admin_login(client, "ops", "correct horse battery")
+    assert locked.status_code == 429
+    assert "_auth_user_id" not in client.session
+    # Another address with the same username, or another username from the
+    # same address, is not locked out.
+    other = UserFactory(username="ops2", is_staff=True)
+    other.set_password("another secret phrase")
+    other.save()
+    assert admin_login(client, "ops2", "another secret phrase").status_code == 302
+    client.logout()
+    assert admin_login(client, "ops", "correct horse battery", ip="192.0.2.1").status_code == 302
+    client.logout()
+    # After the cool-off the right password works again from the locked address.
+    with time_machine.travel(timezone.now() + settings.AXES_COOLOFF_TIME + timedelta(seconds=1)):
+        assert admin_login(client, "ops", "correct horse battery").status_code == 302
+
+
 def metric(text, name, labels=""):
     pattern = rf"^{re.escape(name)}{re.escape(labels)} ([0-9.e+]+)$"
     match = re.search(pattern, text, re.MULTILINE)
