@@ -231,6 +231,12 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # Choice sets that share a field name ("status") get names of their own.
+    "ENUM_NAME_OVERRIDES": {
+        "PaymentStatusEnum": "payments.models.PaymentStatus",
+        "OccurrenceStatusEnum": "payments.models.OCCURRENCE_OUTCOMES",
+        "RecurringStatusEnum": "payments.models.RecurringStatus",
+    },
     # The bearerAuth security scheme comes from payments.api.auth.BearerTokenScheme.
 }
 

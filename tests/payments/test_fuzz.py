@@ -201,6 +201,9 @@ def resources(db, settings, monkeypatch, fake_dns):
     # gets a fresh one, so the per-client quota is lifted.
     fake_dns["hooks.example.test"] = ["93.184.215.14"]
     settings.WEBHOOK_MAX_ENDPOINTS_PER_CLIENT = 10**6
+    # Likewise every case aimed at a schedule gets a fresh one (the quota has its
+    # own tests in test_recurring_isolation.py).
+    settings.RECURRING_MAX_ACTIVE_PER_CLIENT = 10**6
     # DRF reads throttle rates once, at import: lift the budget on the class so
     # hundreds of in-process requests a second are fuzzed, not throttled.
     monkeypatch.setattr(ClientRateThrottle, "rate", "1000000/s", raising=False)
