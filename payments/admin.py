@@ -16,6 +16,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
+from django.db import models
 from django.db.models import Q
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -318,6 +319,8 @@ class WebhookEndpointAdmin(ReadOnlyAdmin):
     search_fields = ("url", "client__username")
     # The signing secret is never shown, not even encrypted.
     exclude = ("secret_ciphertext",)
+    # endpoint URLs are https (Django 6's default; says so explicitly on 5.2)
+    formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
 
 
 class ApiTokenEventInline(ReadOnlyInline):
