@@ -48,6 +48,7 @@ from bench.common import (
     prepare,
     summarize,
 )
+from bench.run import postgres_cpu, postgres_cpu_since, tree_cpu_seconds
 
 PORT = 8766
 SCRAPERS = 24
@@ -109,7 +110,7 @@ def cron_at(instant: datetime) -> str:
     return f"{instant.minute} {instant.hour} {instant.day} {instant.month} *"
 
 
-def make_noise(blackhole_port: int) -> dict:
+def make_noise(blackhole_port: int, *, schedules_on: bool, endpoints_on: bool) -> dict:
     """The noisy clients, their schedules and their dead endpoints (through the services
     the API calls, so quotas and validation apply)."""
     from django.contrib.auth import get_user_model
@@ -123,7 +124,7 @@ def make_noise(blackhole_port: int) -> dict:
         noisy = create_client(f"noisy{n}", accounts=2, balance=10**9)
         user = User.objects.get(username=f"noisy{n}")
         source, target = noisy["account_ids"]
-        for _ in range(SCHEDULES_PER_CLIENT):
+        for _ in range(SCHEDULES_PER_CLIENT if schedules_on else 0):
             recurring.recurring_create(
                 client=user,
                 from_account_id=source,
@@ -133,7 +134,7 @@ def make_noise(blackhole_port: int) -> dict:
                 timezone="UTC",
             )
             schedules += 1
-        if n < ENDPOINT_CLIENTS:
+        if endpoints_on and n < ENDPOINT_CLIENTS:
             for k in range(ENDPOINTS_PER_CLIENT):
                 webhooks.endpoint_create(
                     client=user,
@@ -293,6 +294,11 @@ def markdown(report: dict) -> str:
         ]
     checks = report["exactly_once"]
     lines += [
+        f"Noise: {report['noise_parts']}",
+        "",
+        f"CPU seconds during the {report['minutes']} min window, by process tree: "
+        f"{report['cpu_seconds_in_window']}",
+        "",
         f"Exactly once: {checks}",
         "",
         f"Target: victim p99 lateness ≤ 1 s — **{'met' if report['met'] else 'not met'}**.",
@@ -306,6 +312,9 @@ def main() -> int:
     parser.add_argument("--victim-rate", type=float, default=5)
     parser.add_argument("--quiet", action="store_true", help="the victim alone (baseline)")
     parser.add_argument("--name", default="noisy")
+    parser.add_argument("--no-schedules", action="store_true", help="leave out the 1,000 schedules")
+    parser.add_argument("--no-endpoints", action="store_true", help="leave out the dead endpoints")
+    parser.add_argument("--no-scrapers", action="store_true", help="leave out the scrapers")
     args = parser.parse_args()
 
     env = prepare(
@@ -320,7 +329,15 @@ def main() -> int:
     blackhole = Blackhole()
     blackhole.start()
     victim_client = create_client("victim", accounts=2, balance=10**9)
-    noise = None if args.quiet else make_noise(blackhole.port)
+    noise = (
+        None
+        if args.quiet
+        else make_noise(
+            blackhole.port,
+            schedules_on=not args.no_schedules,
+            endpoints_on=not args.no_endpoints,
+        )
+    )
     started_at = datetime.now(UTC)
     stop = threading.Event()
     scrapers: list[Scraper] = []
@@ -332,9 +349,12 @@ def main() -> int:
         if not args.quiet:
             # let the materialiser reach its steady state (one-minute occurrences flowing)
             time.sleep(70)
-            scrapers = [Scraper(PORT, stop, "bench-metrics") for _ in range(SCRAPERS)]
+            if not args.no_scrapers:
+                scrapers = [Scraper(PORT, stop, "bench-metrics") for _ in range(SCRAPERS)]
             for scraper in scrapers:
                 scraper.start()
+        cpu_before = {role: tree_cpu_seconds(proc.pid) for role, proc in service.procs.items()}
+        pg_before = postgres_cpu()
         window_start = db_now()
         victim = victim_load(
             victim_client["token"],
@@ -343,6 +363,11 @@ def main() -> int:
             args.minutes * 60,
         )
         window_end = db_now()
+        cpu = {
+            role: round(tree_cpu_seconds(proc.pid) - cpu_before[role], 1)
+            for role, proc in service.procs.items()
+        }
+        cpu["postgres"] = round(postgres_cpu_since(pg_before), 1)
         stop.set()
         for scraper in scrapers:
             scraper.join(30)
@@ -367,6 +392,12 @@ def main() -> int:
             "errors": scrape_errors,
         },
         "blackhole_connections": blackhole.accepted,
+        "noise_parts": {
+            "schedules": not (args.quiet or args.no_schedules),
+            "endpoints": not (args.quiet or args.no_endpoints),
+            "scrapers": not (args.quiet or args.no_scrapers),
+        },
+        "cpu_seconds_in_window": cpu,
         "exactly_once": checks,
         "met": p99 is not None and p99 <= 1.0 and checks["duplicates"] == 0,
     }

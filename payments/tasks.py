@@ -116,6 +116,14 @@ def deliver_webhook(delivery_id: str) -> str | None:
     return status
 
 
+@shared_task(name="payments.dispatch_webhooks", ignore_result=True, acks_late=True)
+def dispatch_webhooks(delivery_ids: list[str]) -> int:
+    """Fan out one transaction's deliveries, on the webhook worker (see webhooks._enqueue)."""
+    for delivery_id in delivery_ids:
+        deliver_webhook.apply_async(args=[delivery_id])
+    return len(delivery_ids)
+
+
 @shared_task(name="payments.retry_webhooks", ignore_result=True)
 def retry_webhooks() -> int:
     """Beat safety net: (re)send pending deliveries whose time has come."""

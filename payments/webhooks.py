@@ -112,19 +112,36 @@ def emit(events: Iterable[tuple[int, str, dict]]) -> list[WebhookDelivery]:
             deliveries.append(delivery)
     if deliveries:
         WebhookDelivery.objects.bulk_create(deliveries)
-        ids = [str(d.pk) for d in deliveries]
-        transaction.on_commit(lambda: _enqueue(ids))
+        # A delivery to an endpoint whose circuit is open is not announced: it
+        # waits in the outbox, and the beat scan offers it once the circuit
+        # reopens (a dead endpoint costs no message per event).
+        ids = [
+            str(d.pk)
+            for d in deliveries
+            if d.endpoint.circuit_open_until is None or d.endpoint.circuit_open_until <= now
+        ]
+        if ids:
+            transaction.on_commit(lambda: _enqueue(ids))
     return deliveries
 
 
-def _enqueue(delivery_ids: list[str]) -> None:
-    from .tasks import deliver_webhook
+DISPATCH_BATCH = 500
 
-    for delivery_id in delivery_ids:
+
+def _enqueue(delivery_ids: list[str]) -> None:
+    """Announce a transaction's deliveries to the webhook worker: one message per
+    ``DISPATCH_BATCH`` deliveries, never one per delivery. This runs in the
+    process that made the change — a payment worker for every executed chunk —
+    so its cost must not grow with how many endpoints clients register; the
+    webhook worker fans the batch out (``payments.dispatch_webhooks``)."""
+    from .tasks import dispatch_webhooks
+
+    for start in range(0, len(delivery_ids), DISPATCH_BATCH):
+        batch = delivery_ids[start : start + DISPATCH_BATCH]
         try:
-            deliver_webhook.apply_async(args=[delivery_id], queue="webhooks")
-        except Exception:  # broker down: the beat retry task will pick it up
-            logger.warning("could not enqueue webhook %s", delivery_id, exc_info=True)
+            dispatch_webhooks.apply_async(args=[batch])
+        except Exception:  # broker down: the beat retry task will pick them up
+            logger.warning("could not enqueue %s webhook deliveries", len(batch), exc_info=True)
 
 
 def backoff(attempts: int) -> timedelta:

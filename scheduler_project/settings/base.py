@@ -411,6 +411,7 @@ CELERY_TASK_ROUTES = {
     "payments.sweep": {"queue": TIMER_QUEUE},
     "payments.reap_leases": {"queue": TIMER_QUEUE},
     "payments.materialize_recurring": {"queue": RECURRING_QUEUE},
+    "payments.dispatch_webhooks": {"queue": WEBHOOK_QUEUE},
     "payments.deliver_webhook": {"queue": WEBHOOK_QUEUE},
     "payments.retry_webhooks": {"queue": WEBHOOK_QUEUE},
 }

@@ -146,14 +146,48 @@ def test_delivery_is_enqueued_after_commit(
 
     sent = []
     monkeypatch.setattr(
-        tasks.deliver_webhook, "apply_async", lambda args, **kw: sent.append(args[0])
+        tasks.dispatch_webhooks, "apply_async", lambda args, **kw: sent.append(args[0])
     )
     register(alice, receiver.url)
     payment_id = alice.schedule().json()["payment_id"]
     with django_capture_on_commit_callbacks(execute=True):
         services.payment_cancel(payment_id=payment_id, client=alice.user)
         assert sent == []  # nothing before commit
-    assert sent == [str(WebhookDelivery.objects.get().pk)]
+    assert sent == [[str(WebhookDelivery.objects.get().pk)]]
+
+
+def test_an_executed_chunk_announces_its_deliveries_in_one_message(
+    alice, receiver, django_capture_on_commit_callbacks, monkeypatch
+):
+    """The payment worker pays one publish per chunk, however many endpoints clients
+    registered; deliveries to an endpoint whose circuit is open are not announced."""
+    from payments import execution, tasks
+    from payments.models import WebhookEndpoint
+    from tests.payments.engine import make_due, sweep
+
+    dispatched, delivered = [], []
+    monkeypatch.setattr(
+        tasks.dispatch_webhooks, "apply_async", lambda args, **kw: dispatched.append(args[0])
+    )
+    monkeypatch.setattr(
+        tasks.deliver_webhook, "apply_async", lambda args, **kw: delivered.append(args[0])
+    )
+    for _ in range(3):
+        register(alice, receiver.url, events=("payment.completed",))
+    dead = register(alice, receiver.url, events=("payment.completed",))["webhook_endpoint_id"]
+    WebhookEndpoint.objects.filter(pk=dead).update(
+        circuit_open_until=timezone.now() + timedelta(minutes=5)
+    )
+    ids = [alice.schedule().json()["payment_id"] for _ in range(5)]
+    make_due(*ids)
+    _, published = sweep(monkeypatch)
+    with django_capture_on_commit_callbacks(execute=True):
+        execution.execute_chunk(published.items())
+    assert WebhookDelivery.objects.count() == 5 * 4  # every event is in the outbox
+    assert len(dispatched) == 1 and len(dispatched[0]) == 5 * 3  # open circuit: not announced
+    assert delivered == []  # the payment worker published nothing per delivery
+    assert tasks.dispatch_webhooks(dispatched[0]) == 15  # the webhook worker fans out
+    assert sorted(delivered) == sorted(dispatched[0])
 
 
 def test_occurrence_failed_and_paused_events(alice, receiver, settings):
