@@ -6,6 +6,8 @@ import functools
 import hmac
 import ipaddress
 import os
+import threading
+import time
 
 from django.conf import settings
 from django.contrib.admin.views.decorators import staff_member_required
@@ -90,6 +92,10 @@ def metrics(request):
             "or a source address in METRICS_ALLOWED_NETWORKS.\n",
             content_type="text/plain; charset=utf-8",
         )
+    return HttpResponse(_exposition.get(), content_type=CONTENT_TYPE_LATEST)
+
+
+def render_exposition() -> bytes:
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess
 
@@ -98,7 +104,33 @@ def metrics(request):
         registry.register(_database_collector)
     else:
         registry = REGISTRY
-    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+    return generate_latest(registry)
+
+
+class RenderedExposition:
+    """The rendered page, reused for ``METRICS_RENDER_CACHE_SECONDS`` per process.
+
+    Concurrent scrapes (gunicorn threads) wait for the one render in progress,
+    so rendering costs at most one per window per process whatever the scrape
+    rate; a window of 0 renders every time.
+    """
+
+    def __init__(self, render=render_exposition, clock=time.monotonic) -> None:
+        self.render, self.clock = render, clock
+        self._lock = threading.Lock()
+        self._body: bytes | None = None
+        self._at = 0.0
+
+    def get(self) -> bytes:
+        window = settings.METRICS_RENDER_CACHE_SECONDS
+        with self._lock:
+            now = self.clock()
+            if self._body is None or not 0 <= now - self._at < window:
+                self._body, self._at = self.render(), now
+            return self._body
+
+
+_exposition = RenderedExposition()
 
 
 def _bars(values: list[int], height: int = 120, width: int = 720) -> list[dict]:

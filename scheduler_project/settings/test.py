@@ -23,3 +23,4 @@ WEBHOOK_ALLOWED_HOSTS = ["127.0.0.1"]
 # Each test reads the database gauges as they are now; the caching tests set
 # their own window.
 METRICS_DB_CACHE_SECONDS = 0
+METRICS_RENDER_CACHE_SECONDS = 0

@@ -403,3 +403,30 @@ def test_alert_rules_parse_and_name_existing_metrics(client):
         }
         assert referenced, alert["alert"]
         assert referenced <= names, (alert["alert"], referenced - names)
+
+
+def test_metrics_page_is_rendered_at_most_once_per_window(client, settings, monkeypatch):
+    """However often /metrics is scraped, a process renders the exposition once per
+    METRICS_RENDER_CACHE_SECONDS; concurrent scrapes share that render."""
+    from payments import views_ops
+    from tests.concurrency import run_in_threads
+
+    settings.METRICS_RENDER_CACHE_SECONDS = 60
+    renders = []
+    real = views_ops.render_exposition
+
+    def counting_render():
+        renders.append(1)
+        return real()
+
+    monkeypatch.setattr(views_ops, "_exposition", views_ops.RenderedExposition(counting_render))
+    bodies = []
+    errors = run_in_threads(lambda i: bodies.append(client.get("/metrics").content), 8)
+    assert errors == [] and len(bodies) == 8
+    for _ in range(20):
+        assert client.get("/metrics").status_code == 200
+    assert len(renders) == 1 and len(set(bodies)) == 1
+    settings.METRICS_RENDER_CACHE_SECONDS = 0  # a window of 0 renders every time
+    client.get("/metrics")
+    client.get("/metrics")
+    assert len(renders) == 3

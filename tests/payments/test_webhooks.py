@@ -259,7 +259,9 @@ def test_circuit_opens_defers_without_requests_then_a_probe_closes_it(alice, rec
     # Cool-down over: one delivery probes, fails, and the circuit re-opens for twice as long.
     WebhookEndpoint.objects.update(circuit_open_until=timezone.now())
     due_now(d1, d2, d3, d4)
-    assert sorted(webhooks.due_delivery_ids()) == sorted(str(d.pk) for d in (d1, d2, d3, d4))
+    # the scan offers the lapsed endpoint one delivery, its probe, not its whole backlog
+    offered = webhooks.due_delivery_ids()
+    assert len(offered) == 1 and offered[0] in {str(d.pk) for d in (d1, d2, d3, d4)}
     receiver.answers = [500]
     before = timezone.now()
     assert webhooks.deliver(d3.pk) == "pending"
@@ -279,6 +281,8 @@ def test_circuit_opens_defers_without_requests_then_a_probe_closes_it(alice, rec
         None,
         0,
     )
+    # closed again: the whole backlog is offered
+    assert sorted(webhooks.due_delivery_ids()) == sorted(str(d.pk) for d in (d1, d2, d3))
     assert [webhooks.deliver(d.pk) for d in (d1, d2, d3)] == ["succeeded"] * 3
     assert len(receiver.requests) == 7
 
