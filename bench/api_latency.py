@@ -154,8 +154,8 @@ def run_load(
     return {"schedule": report(sched_results, 201), "status": report(status_results, 200)}
 
 
-def start_web(service: Service, port: int = PORT) -> tuple[str, int]:
-    service.gunicorn(port)
+def start_web(service: Service, port: int = PORT, nice: int = 0) -> tuple[str, int]:
+    service.gunicorn(port, nice=nice)
     wait_http(f"http://127.0.0.1:{port}/healthz")
     return "127.0.0.1", port
 

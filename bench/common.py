@@ -195,10 +195,11 @@ class Service:
             str(LOG_DIR / f"{self.name}-{role}-schedule"),
         )
 
-    def gunicorn(self, port: int, workers: int = 2, threads: int = 4):
+    def gunicorn(self, port: int, workers: int = 2, threads: int = 4, nice: int = 0):
         return self.start(
             "web",
             [
+                *(["nice", "-n", str(nice)] if nice else []),
                 sys.executable,
                 "-m",
                 "gunicorn",

@@ -315,6 +315,7 @@ def main() -> int:
     parser.add_argument("--no-schedules", action="store_true", help="leave out the 1,000 schedules")
     parser.add_argument("--no-endpoints", action="store_true", help="leave out the dead endpoints")
     parser.add_argument("--no-scrapers", action="store_true", help="leave out the scrapers")
+    parser.add_argument("--web-nice", type=int, default=0, help="run gunicorn at this nice level")
     args = parser.parse_args()
 
     env = prepare(
@@ -342,7 +343,7 @@ def main() -> int:
     stop = threading.Event()
     scrapers: list[Scraper] = []
     with Service(env, f"noisy-{args.name}") as service:
-        start_web(service, PORT)
+        start_web(service, PORT, nice=args.web_nice)
         service.background()
         service.worker(2)
         service.beat()
@@ -398,6 +399,7 @@ def main() -> int:
             "scrapers": not (args.quiet or args.no_scrapers),
         },
         "cpu_seconds_in_window": cpu,
+        "web_nice": args.web_nice,
         "exactly_once": checks,
         "met": p99 is not None and p99 <= 1.0 and checks["duplicates"] == 0,
     }

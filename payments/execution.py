@@ -39,7 +39,13 @@ from .clock import db_now
 from .models import Actor, AttemptOutcome, Payment, PaymentAttempt, PaymentEvent, PaymentStatus
 
 logger = logging.getLogger(__name__)
-WORKER = f"{socket.gethostname()}:{os.getpid()}"
+
+
+def worker_name() -> str:
+    """host:pid of the process running the chunk — read at call time: a module-level
+    constant was computed in the Celery parent before it forked its pool, so every
+    attempt named the parent's pid."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 @dataclass
@@ -53,8 +59,9 @@ class ChunkResult:
     transitions: list[dict] = field(default_factory=list)
 
 
-def execute_chunk(items: list[tuple[str, int]], *, worker: str = WORKER) -> ChunkResult:
+def execute_chunk(items: list[tuple[str, int]], *, worker: str | None = None) -> ChunkResult:
     """Execute the due payments of a chunk; see the module docstring. Owns its transaction."""
+    worker = worker or worker_name()
     fences = {str(pid): int(fence) for pid, fence in items}
     result = ChunkResult()
     with transaction.atomic():

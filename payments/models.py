@@ -469,13 +469,46 @@ class DeliveryStatus(models.TextChoices):
     FAILED = "failed", "Failed (gave up)"
 
 
+class WebhookEvent(models.Model):
+    """The outbox: one row per event for a client with a subscribed endpoint, written
+    in the transaction that caused the event, so a rolled-back change sends nothing.
+
+    One row per event, not per endpoint: the payment workers' cost of an event
+    does not grow with how many endpoints its client registered. The webhook
+    worker expands it into one ``WebhookDelivery`` per endpoint
+    (``webhooks.dispatch``) and stamps ``dispatched_at``.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    client = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    event_type = models.CharField(max_length=64)
+    data = models.JSONField()
+    created_at = models.DateTimeField()
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(
+                fields=["created_at"],
+                condition=Q(dispatched_at__isnull=True),
+                name="webhook_event_undispatched",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.event_type} for {self.client_id}"
+
+
 class WebhookDelivery(models.Model):
-    """One event for one endpoint: written in the transaction that caused the event
-    (an outbox), so a rolled-back change never sends anything."""
+    """One event for one endpoint, expanded from a ``WebhookEvent`` by the webhook
+    worker (older rows have no event: they were written directly)."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     endpoint = models.ForeignKey(
         WebhookEndpoint, on_delete=models.CASCADE, related_name="deliveries"
+    )
+    event = models.ForeignKey(
+        WebhookEvent, null=True, blank=True, on_delete=models.CASCADE, related_name="deliveries"
     )
     event_type = models.CharField(max_length=64)
     payload = models.JSONField()
@@ -491,6 +524,10 @@ class WebhookDelivery(models.Model):
 
     class Meta:
         verbose_name_plural = "webhook deliveries"
+        constraints = [
+            # an event is expanded once per endpoint, however many dispatchers run
+            models.UniqueConstraint(fields=["event", "endpoint"], name="webhook_delivery_once")
+        ]
         indexes = [
             models.Index(
                 fields=["next_attempt_at"],

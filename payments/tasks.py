@@ -117,8 +117,11 @@ def deliver_webhook(delivery_id: str) -> str | None:
 
 
 @shared_task(name="payments.dispatch_webhooks", ignore_result=True, acks_late=True)
-def dispatch_webhooks(delivery_ids: list[str]) -> int:
-    """Fan out one transaction's deliveries, on the webhook worker (see webhooks._enqueue)."""
+def dispatch_webhooks(event_ids: list[str]) -> int:
+    """Expand one transaction's events into deliveries and send them (webhook worker)."""
+    from . import webhooks
+
+    delivery_ids = webhooks.dispatch(event_ids)
     for delivery_id in delivery_ids:
         deliver_webhook.apply_async(args=[delivery_id])
     return len(delivery_ids)
@@ -129,6 +132,9 @@ def retry_webhooks() -> int:
     """Beat safety net: (re)send pending deliveries whose time has come."""
     from . import webhooks
 
+    events = webhooks.undispatched_event_ids()
+    if events:
+        dispatch_webhooks.apply_async(args=[events])
     ids = webhooks.due_delivery_ids()
     for delivery_id in ids:
         deliver_webhook.apply_async(args=[delivery_id], queue="webhooks")

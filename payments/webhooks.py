@@ -1,10 +1,14 @@
 """Signed webhooks with a transactional outbox.
 
 ``emit`` is called inside the transaction that changes a payment or schedule;
-it inserts one ``WebhookDelivery`` per subscribed active endpoint. A
-rolled-back transaction therefore leaves nothing to send. After commit the
-delivery task is enqueued; a beat task also re-sends any pending delivery whose
-time has come, so a lost broker message only delays a webhook.
+it inserts one ``WebhookEvent`` per event for a client with a subscribed
+endpoint — one row however many endpoints, so the caller's cost (often the
+executor's) does not depend on a client's endpoints. A rolled-back transaction
+therefore leaves nothing to send. After commit one message asks the webhook
+worker to ``dispatch`` the events: each becomes one ``WebhookDelivery`` per
+subscribed active endpoint, and each delivery is sent by its own task. A beat
+task dispatches events whose message was lost and re-sends any pending
+delivery whose time has come, so a lost broker message only delays a webhook.
 
 Each request carries::
 
@@ -46,9 +50,17 @@ from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 from django.utils import timezone
 
+from ledger.db import bulk_insert_rows
+
 from . import webhook_secrets, webhook_transport
 from .exceptions import InvalidRequest, LimitExceeded, NotFound
-from .models import DeliveryStatus, WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from .models import (
+    DeliveryStatus,
+    WebhookAttempt,
+    WebhookDelivery,
+    WebhookEndpoint,
+    WebhookEvent,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -82,66 +94,112 @@ def verify(secret: str, timestamp: str, body: bytes, signature: str, tolerance: 
     return hmac.compare_digest(sign(secret, int(timestamp), body), signature)
 
 
-def emit(events: Iterable[tuple[int, str, dict]]) -> list[WebhookDelivery]:
-    """Queue ``(client_id, event_type, data)`` events for every subscribed endpoint.
+def emit(events: Iterable[tuple[int, str, dict]]) -> list[WebhookEvent]:
+    """Record ``(client_id, event_type, data)`` events for clients with a subscribed endpoint.
 
-    Call inside the transaction that made the change; delivery starts after commit.
+    Call inside the transaction that made the change. One ``WebhookEvent`` row
+    per event (one statement for all of them), however many endpoints the
+    client registered: this runs in the executor's transaction, and a client
+    with ten endpoints made each of its payments write ten delivery rows
+    there (a 200-payment chunk took 0.76 s instead of 0.12 s, holding back
+    every other client's payments in the pool). After commit one message asks
+    the webhook worker to expand the events into deliveries (``dispatch``).
     """
     events = list(events)
     if not events:
         return []
     clients = {client_id for client_id, _, _ in events}
-    endpoints: dict[int, list[WebhookEndpoint]] = {}
-    for endpoint in WebhookEndpoint.objects.filter(client_id__in=clients, is_active=True):
-        endpoints.setdefault(endpoint.client_id, []).append(endpoint)
-    if not endpoints:
-        return []
+    subscribed = {
+        (client_id, event_type)
+        for client_id, types in WebhookEndpoint.objects.filter(
+            client_id__in=clients, is_active=True
+        ).values_list("client_id", "event_types")
+        for event_type in types
+    }
     now = timezone.now()
-    deliveries = []
-    for client_id, event_type, data in events:
-        for endpoint in endpoints.get(client_id, ()):
-            if event_type not in endpoint.event_types:
-                continue
-            delivery = WebhookDelivery(endpoint=endpoint, event_type=event_type)
-            delivery.payload = {
-                "id": str(delivery.id),
-                "type": event_type,
-                "created_at": now.isoformat(),
-                "data": data,
-            }
-            deliveries.append(delivery)
-    if deliveries:
-        WebhookDelivery.objects.bulk_create(deliveries)
-        # A delivery to an endpoint whose circuit is open is not announced: it
-        # waits in the outbox, and the beat scan offers it once the circuit
-        # reopens (a dead endpoint costs no message per event).
-        ids = [
-            str(d.pk)
-            for d in deliveries
-            if d.endpoint.circuit_open_until is None or d.endpoint.circuit_open_until <= now
-        ]
-        if ids:
-            transaction.on_commit(lambda: _enqueue(ids))
-    return deliveries
+    rows = [
+        WebhookEvent(client_id=client_id, event_type=event_type, data=data, created_at=now)
+        for client_id, event_type, data in events
+        if (client_id, event_type) in subscribed
+    ]
+    if rows:
+        bulk_insert_rows(rows, read_back=False)
+        ids = [str(row.pk) for row in rows]
+        transaction.on_commit(lambda: _enqueue(ids))
+    return rows
 
 
 DISPATCH_BATCH = 500
 
 
-def _enqueue(delivery_ids: list[str]) -> None:
-    """Announce a transaction's deliveries to the webhook worker: one message per
-    ``DISPATCH_BATCH`` deliveries, never one per delivery. This runs in the
-    process that made the change — a payment worker for every executed chunk —
-    so its cost must not grow with how many endpoints clients register; the
-    webhook worker fans the batch out (``payments.dispatch_webhooks``)."""
+def _enqueue(event_ids: list[str]) -> None:
+    """Hand a transaction's events to the webhook worker: one message per
+    ``DISPATCH_BATCH`` events, never one per delivery (this runs after commit in
+    the process that made the change — a payment worker for every chunk)."""
     from .tasks import dispatch_webhooks
 
-    for start in range(0, len(delivery_ids), DISPATCH_BATCH):
-        batch = delivery_ids[start : start + DISPATCH_BATCH]
+    for start in range(0, len(event_ids), DISPATCH_BATCH):
+        batch = event_ids[start : start + DISPATCH_BATCH]
         try:
             dispatch_webhooks.apply_async(args=[batch])
-        except Exception:  # broker down: the beat retry task will pick them up
-            logger.warning("could not enqueue %s webhook deliveries", len(batch), exc_info=True)
+        except Exception:  # broker down: the beat task dispatches them later
+            logger.warning("could not enqueue %s webhook events", len(batch), exc_info=True)
+
+
+def dispatch(event_ids) -> list[str]:
+    """Expand events into one delivery per subscribed active endpoint (webhook worker).
+
+    Each event is expanded once: its row is locked (``SKIP LOCKED``: another
+    dispatcher has it) and stamped ``dispatched_at``, and UNIQUE (event,
+    endpoint) backs that. Returns the ids of the new deliveries worth sending
+    now: deliveries to an endpoint whose circuit is open wait in the table,
+    and the beat scan offers them once it reopens (a dead endpoint costs no
+    message per event).
+    """
+    with transaction.atomic():
+        events = list(
+            WebhookEvent.objects.select_for_update(skip_locked=True)
+            .filter(pk__in=list(event_ids), dispatched_at__isnull=True)
+            .order_by("created_at")
+        )
+        if not events:
+            return []
+        endpoints: dict[int, list[WebhookEndpoint]] = {}
+        for endpoint in WebhookEndpoint.objects.filter(
+            client_id__in={e.client_id for e in events}, is_active=True
+        ):
+            endpoints.setdefault(endpoint.client_id, []).append(endpoint)
+        now = timezone.now()
+        deliveries = []
+        for event in events:
+            for endpoint in endpoints.get(event.client_id, ()):
+                if event.event_type not in endpoint.event_types:
+                    continue
+                delivery = WebhookDelivery(
+                    endpoint=endpoint, event=event, event_type=event.event_type
+                )
+                delivery.payload = {
+                    "id": str(delivery.id),
+                    "type": event.event_type,
+                    "created_at": event.created_at.isoformat(),
+                    "data": event.data,
+                }
+                deliveries.append(delivery)
+        WebhookDelivery.objects.bulk_create(deliveries)
+        WebhookEvent.objects.filter(pk__in=[e.pk for e in events]).update(dispatched_at=now)
+    return [
+        str(d.pk)
+        for d in deliveries
+        if d.endpoint.circuit_open_until is None or d.endpoint.circuit_open_until <= now
+    ]
+
+
+def undispatched_event_ids(*, older_than: float = 5.0, limit: int = 500) -> list[str]:
+    """Events whose dispatch message was lost (broker down or flushed): the beat's
+    safety net dispatches them."""
+    cutoff = timezone.now() - timedelta(seconds=older_than)
+    ids = WebhookEvent.objects.filter(dispatched_at__isnull=True, created_at__lte=cutoff)
+    return [str(pk) for pk in ids.order_by("created_at").values_list("pk", flat=True)[:limit]]
 
 
 def backoff(attempts: int) -> timedelta:

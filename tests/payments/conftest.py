@@ -96,3 +96,14 @@ def receiver():
     r = Receiver()
     yield r
     r.close()
+
+
+def dispatched() -> None:
+    """What the webhook worker does after the commit a test cannot reach (its outer
+    transaction never commits): expand every outbox event into its deliveries."""
+    from payments import webhooks
+    from payments.models import WebhookEvent
+
+    webhooks.dispatch(
+        WebhookEvent.objects.filter(dispatched_at__isnull=True).values_list("pk", flat=True)
+    )

@@ -137,11 +137,18 @@ def test_duplicate_and_old_fence_messages_execute_once(procs):
     # old-fence messages, the current message twice
     for claims in (*first, current, current):
         scheduling.publish_claims(claims)
-    procs.worker()
+    worker = procs.worker()
     wait_until(lambda: all_completed(ids), 60, message="50 payments COMPLETED")
     wait_until(lambda: not _broker_backlog(), 30, message="broker drained")
     assert_exactly_once(ids)
     assert Account.objects.get(pk=target).balance == 150
+    # attempts name the pool process that ran them, not the parent that forked it
+    from payments.models import PaymentAttempt
+
+    workers = set(
+        PaymentAttempt.objects.filter(payment_id__in=ids).values_list("worker", flat=True)
+    )
+    assert workers and not any(w.endswith(f":{worker.pid}") for w in workers), workers
 
 
 def _broker_backlog():

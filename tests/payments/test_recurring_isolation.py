@@ -22,7 +22,7 @@ from payments.models import (
 )
 from tests.concurrency import run_in_threads
 from tests.factories import AccountFactory, UserFactory
-from tests.payments.conftest import Client
+from tests.payments.conftest import Client, dispatched
 from tests.payments.test_api import error
 from tests.payments.test_recurring import make_schedule
 
@@ -114,6 +114,7 @@ def test_a_schedule_that_raises_is_parked_and_the_others_run(alice, bob, caplog)
     assert Payment.objects.filter(recurring=healthy).count() == 1
     healthy.refresh_from_db()
     assert healthy.status == "active"
+    dispatched()
     delivery = WebhookDelivery.objects.get(event_type="recurring.paused")
     assert delivery.payload["data"]["recurring_payment_id"] == str(broken.pk)
     assert delivery.payload["data"]["reason"] == "error"

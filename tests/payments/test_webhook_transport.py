@@ -13,6 +13,7 @@ import pytest
 
 from payments import webhook_transport, webhooks
 from payments.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from tests.payments.conftest import dispatched
 from tests.payments.test_api import error
 from tests.payments.test_webhooks import PUBLIC_IP, register
 from tests.payments.webhook_receivers import DripServer, Receiver, self_signed
@@ -151,6 +152,7 @@ def test_is_public_address():
 def delivery_for(alice):
     payment_id = alice.schedule().json()["payment_id"]
     alice.api.delete(f"/api/v1/payments/{payment_id}/cancel")
+    dispatched()
     return WebhookDelivery.objects.get()
 
 
@@ -270,6 +272,7 @@ def test_tls_uses_the_url_host_for_sni_and_certificate(alice, tls_hooks_test):
         endpoint.save(update_fields=["url"])
         payment_id = alice.schedule().json()["payment_id"]
         alice.api.delete(f"/api/v1/payments/{payment_id}/cancel")
+        dispatched()
         second = WebhookDelivery.objects.exclude(pk=delivery.pk).get()
         assert webhooks.deliver(second.pk) == "pending"
         assert attempt_error(second) == "tls_error" and len(tls.requests) == 1

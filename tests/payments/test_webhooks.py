@@ -11,7 +11,8 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from payments import services, webhooks
-from payments.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from payments.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint, WebhookEvent
+from tests.payments.conftest import dispatched
 from tests.payments.engine import make_due, sweep
 from tests.payments.test_api import error
 
@@ -57,6 +58,7 @@ def test_signed_delivery_the_receiver_can_verify(alice, receiver):
     endpoint = register(alice, receiver.url)
     payment_id = alice.schedule().json()["payment_id"]
     alice.api.delete(f"/api/v1/payments/{payment_id}/cancel")
+    dispatched()
     (delivery,) = WebhookDelivery.objects.all()
     assert webhooks.deliver(delivery.pk) == "succeeded"
     (headers, body, _) = receiver.requests[0]
@@ -79,6 +81,7 @@ def test_500_then_200_is_retried_and_logged(alice, receiver):
     receiver.answers = [500]
     payment_id = alice.schedule().json()["payment_id"]
     alice.api.delete(f"/api/v1/payments/{payment_id}/cancel")
+    dispatched()
     (delivery,) = WebhookDelivery.objects.all()
     assert webhooks.deliver(delivery.pk) == "pending"
     delivery.refresh_from_db()
@@ -100,6 +103,7 @@ def test_gives_up_after_the_cap(alice, settings):
     register(alice, "http://127.0.0.1:9/unreachable")
     payment_id = alice.schedule().json()["payment_id"]
     alice.api.delete(f"/api/v1/payments/{payment_id}/cancel")
+    dispatched()
     (delivery,) = WebhookDelivery.objects.all()
     assert webhooks.deliver(delivery.pk) == "pending"
     WebhookDelivery.objects.filter(pk=delivery.pk).update(next_attempt_at=timezone.now())
@@ -117,9 +121,11 @@ def test_rolled_back_transaction_sends_nothing(alice, receiver):
     payment_id = alice.schedule().json()["payment_id"]
     with pytest.raises(RuntimeError), transaction.atomic():
         services.payment_cancel(payment_id=payment_id, client=alice.user)
-        assert WebhookDelivery.objects.count() == 1  # written inside the transaction…
+        assert WebhookEvent.objects.count() == 1  # written inside the transaction…
         raise RuntimeError("something later in the transaction failed")
-    assert WebhookDelivery.objects.count() == 0  # …and gone with it
+    assert WebhookEvent.objects.count() == 0  # …and gone with it
+    dispatched()
+    assert WebhookDelivery.objects.count() == 0
     assert webhooks.due_delivery_ids() == []
     assert receiver.requests == []
 
@@ -135,6 +141,7 @@ def test_completed_and_failed_payments_emit_events(alice, bob, receiver, monkeyp
     make_due(ok, bad)
     _, published = sweep(monkeypatch)
     execution.execute_chunk(published.items())
+    dispatched()
     types = dict(WebhookDelivery.objects.values_list("payload__data__payment_id", "event_type"))
     assert types == {ok: "payment.completed", bad: "payment.failed"}
 
@@ -153,21 +160,21 @@ def test_delivery_is_enqueued_after_commit(
     with django_capture_on_commit_callbacks(execute=True):
         services.payment_cancel(payment_id=payment_id, client=alice.user)
         assert sent == []  # nothing before commit
-    assert sent == [[str(WebhookDelivery.objects.get().pk)]]
+    assert sent == [[str(WebhookEvent.objects.get().pk)]]
 
 
-def test_an_executed_chunk_announces_its_deliveries_in_one_message(
+def test_an_executed_chunk_costs_one_outbox_row_per_event_and_one_message(
     alice, receiver, django_capture_on_commit_callbacks, monkeypatch
 ):
-    """The payment worker pays one publish per chunk, however many endpoints clients
-    registered; deliveries to an endpoint whose circuit is open are not announced."""
+    """However many endpoints a client registered, the payment worker writes one
+    event row per payment and publishes one message per chunk; the webhook worker
+    expands them into deliveries and sends none to an endpoint whose circuit is open."""
     from payments import execution, tasks
-    from payments.models import WebhookEndpoint
     from tests.payments.engine import make_due, sweep
 
-    dispatched, delivered = [], []
+    dispatched_events, delivered = [], []
     monkeypatch.setattr(
-        tasks.dispatch_webhooks, "apply_async", lambda args, **kw: dispatched.append(args[0])
+        tasks.dispatch_webhooks, "apply_async", lambda args, **kw: dispatched_events.append(args[0])
     )
     monkeypatch.setattr(
         tasks.deliver_webhook, "apply_async", lambda args, **kw: delivered.append(args[0])
@@ -183,11 +190,14 @@ def test_an_executed_chunk_announces_its_deliveries_in_one_message(
     _, published = sweep(monkeypatch)
     with django_capture_on_commit_callbacks(execute=True):
         execution.execute_chunk(published.items())
-    assert WebhookDelivery.objects.count() == 5 * 4  # every event is in the outbox
-    assert len(dispatched) == 1 and len(dispatched[0]) == 5 * 3  # open circuit: not announced
+    assert WebhookEvent.objects.count() == 5 and WebhookDelivery.objects.count() == 0
+    assert len(dispatched_events) == 1 and len(dispatched_events[0]) == 5
     assert delivered == []  # the payment worker published nothing per delivery
-    assert tasks.dispatch_webhooks(dispatched[0]) == 15  # the webhook worker fans out
-    assert sorted(delivered) == sorted(dispatched[0])
+    # the webhook worker: 5 events x 4 endpoints, 15 sent (not to the open circuit)
+    assert tasks.dispatch_webhooks(dispatched_events[0]) == 15
+    assert WebhookDelivery.objects.count() == 20 and len(delivered) == 15
+    assert tasks.dispatch_webhooks(dispatched_events[0]) == 0  # dispatched once only
+    assert WebhookDelivery.objects.count() == 20
 
 
 def test_occurrence_failed_and_paused_events(alice, receiver, settings):
@@ -207,6 +217,7 @@ def test_occurrence_failed_and_paused_events(alice, receiver, settings):
         max_consecutive_failures=1,
     )
     recurring.materialize_due()
+    dispatched()
     assert sorted(WebhookDelivery.objects.values_list("event_type", flat=True)) == [
         "recurring.occurrence_failed",
         "recurring.paused",
@@ -221,6 +232,7 @@ def cancelled_deliveries(client, count):
     for _ in range(count):
         payment_id = client.schedule().json()["payment_id"]
         client.api.delete(f"/api/v1/payments/{payment_id}/cancel")
+        dispatched()
     return list(WebhookDelivery.objects.order_by("created_at", "pk"))
 
 
@@ -452,3 +464,23 @@ def test_secret_keys_rotate(alice, receiver, settings):
     assert webhooks.deliver(delivery.pk) == "succeeded"
     (headers, body, _) = receiver.requests[0]
     assert webhooks.verify(secret, headers["Webhook-Timestamp"], body, headers["Webhook-Signature"])
+
+
+def test_an_event_whose_dispatch_message_was_lost_is_dispatched_by_the_beat_scan(
+    alice, receiver, monkeypatch
+):
+    from payments import tasks
+
+    sent = []
+    monkeypatch.setattr(
+        tasks.dispatch_webhooks, "apply_async", lambda args, **kw: sent.append(args[0])
+    )
+    register(alice, receiver.url)
+    payment_id = alice.schedule().json()["payment_id"]
+    alice.api.delete(f"/api/v1/payments/{payment_id}/cancel")  # its message never sent
+    event = WebhookEvent.objects.get()
+    tasks.retry_webhooks()
+    assert sent == []  # too fresh: its own message may still be on its way
+    WebhookEvent.objects.update(created_at=timezone.now() - timedelta(seconds=10))
+    tasks.retry_webhooks()
+    assert sent == [[str(event.pk)]]
