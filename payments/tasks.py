@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 
 from celery import shared_task
 from django.conf import settings
@@ -77,15 +78,31 @@ def execute_chunk(self, items: list[list]) -> dict:
 
 @shared_task(name="payments.sweep", ignore_result=True, acks_late=False)
 def sweep() -> dict:
-    result = scheduling.sweep_due()
-    metrics.sweep_runs.inc()
-    metrics.sweep_duration.observe(result.seconds)
-    metrics.executor_lag.set(result.lag)
-    if result.backpressure:
-        metrics.sweep_held_back.inc()
-    for size in result.batch_sizes:
-        metrics.sweep_batch_size.observe(size)
-    return {"claimed": result.claimed, "messages": result.messages}
+    """One beat tick of the sweeper (beat fires it every second).
+
+    While the executors are catching up the sweeper claims only payments that
+    are already due (no lookahead), so it sweeps again every
+    ``PAYMENT_SWEEP_TICK_MS`` within ``PAYMENT_SWEEP_WINDOW_SECONDS``: a payment
+    falling due during a burst is claimed a tick after, not up to a second
+    after (measured: payments due just after a 1,000-payment burst ran up to
+    1.8 s late, most of it waiting for the next beat tick).
+    """
+    deadline = time.monotonic() + settings.PAYMENT_SWEEP_WINDOW_SECONDS
+    tick = settings.PAYMENT_SWEEP_TICK_MS / 1000
+    claimed = messages = 0
+    while True:
+        result = scheduling.sweep_due()
+        metrics.sweep_runs.inc()
+        metrics.sweep_duration.observe(result.seconds)
+        metrics.executor_lag.set(result.lag)
+        if result.backpressure:
+            metrics.sweep_held_back.inc()
+        for size in result.batch_sizes:
+            metrics.sweep_batch_size.observe(size)
+        claimed, messages = claimed + result.claimed, messages + result.messages
+        if not result.catching_up or time.monotonic() + tick > deadline:
+            return {"claimed": claimed, "messages": messages}
+        time.sleep(tick)
 
 
 @shared_task(name="payments.reap_leases", ignore_result=True, acks_late=False)

@@ -450,6 +450,11 @@ PAYMENT_LOST_CLAIMS_TOLERATED = env.int("PAYMENT_LOST_CLAIMS_TOLERATED", default
 # Catch-up: while the executors' queue delay exceeds this, the sweeper claims
 # only payments already due (no lookahead), so every message is a full chunk.
 PAYMENT_CATCH_UP_LAG_MS = env.int("PAYMENT_CATCH_UP_LAG_MS", default=250)
+# While catching up (claiming only what is due) one beat tick of the sweeper
+# sweeps again every PAYMENT_SWEEP_TICK_MS for up to PAYMENT_SWEEP_WINDOW_SECONDS
+# (under beat's 1 s interval), so a payment falling due is claimed a tick later.
+PAYMENT_SWEEP_TICK_MS = env.int("PAYMENT_SWEEP_TICK_MS", default=100)
+PAYMENT_SWEEP_WINDOW_SECONDS = env.float("PAYMENT_SWEEP_WINDOW_SECONDS", default=0.9)
 # Claims before a payment is dead-lettered (FAILED max_attempts_exceeded).
 PAYMENT_MAX_ATTEMPTS = env.int("PAYMENT_MAX_ATTEMPTS", default=5)
 # Executor retries of a chunk on transient database errors before splitting it.
@@ -527,8 +532,10 @@ LOGGING = {
         # loggers report what matters (a sweep that claimed, a reaper that
         # requeued, every payment transition); Celery's warnings and errors
         # (a failed or retried task) still show.
-        "celery.beat": {"level": "WARNING"},
-        "celery.worker.strategy": {"level": "WARNING"},
-        "celery.app.trace": {"level": "WARNING"},
+        # LOG_CELERY_TASKS=true brings those lines back for debugging.
+        **{
+            name: {"level": "INFO" if env.bool("LOG_CELERY_TASKS", default=False) else "WARNING"}
+            for name in ("celery.beat", "celery.worker.strategy", "celery.app.trace")
+        },
     },
 }

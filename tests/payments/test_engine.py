@@ -1,5 +1,6 @@
 """The durable timer in-process: sweep, lease, fence, executor, reaper (DESIGN §4.1)."""
 
+import time
 from datetime import timedelta
 
 import pytest
@@ -447,3 +448,34 @@ def test_reconcile_orphan_check_uses_the_entry_index_with_stale_statistics(alice
     assert _index_scan(plan, "payments_status_due") is None, plan
     assert list(orphan_entries()) == []
     assert reconcile().ok
+
+
+def test_catching_up_the_sweep_ticks_within_its_beat_interval(alice, monkeypatch, settings):
+    """While catching up only due payments are claimed; the sweep task sweeps again
+    every tick, so a payment falling due 300 ms into the tick is claimed in the same
+    run, not at beat's next tick a second later. Once caught up it returns at once."""
+    from payments import tasks
+
+    settings.PAYMENT_LOST_CLAIMS_TOLERATED = 0
+    settings.PAYMENT_CATCH_UP_LAG_MS = 250
+    settings.PAYMENT_SWEEP_TICK_MS = 50
+    settings.PAYMENT_SWEEP_WINDOW_SECONDS = 0.8
+    waiting, soon = schedule(alice, 2)
+    make_due(waiting)
+    _claim_and_age(1, 2, settings)  # an executor backlog: claimed 2 s ago, still waiting
+    due = db_now() + timedelta(milliseconds=300)
+    Payment.objects.filter(pk=soon).update(due_at=due, run_at=due)
+    published = capture_publish(monkeypatch)
+    started = time.monotonic()
+    result = tasks.sweep()
+    assert result["claimed"] == 1 and published.items()[0][0] == soon
+    assert Payment.objects.get(pk=soon).status == "QUEUED"
+    assert time.monotonic() - started < 1.0  # within the beat interval
+    # caught up: one sweep and back
+    for pid in (waiting, soon):
+        execution.execute_chunk([(pid, Payment.objects.get(pk=pid).fence)])
+    runs = []
+    real = scheduling.sweep_due
+    monkeypatch.setattr(scheduling, "sweep_due", lambda: runs.append(1) or real())
+    tasks.sweep()
+    assert runs == [1]
