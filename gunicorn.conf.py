@@ -9,6 +9,14 @@ import os
 # environment turns it off.
 os.environ.setdefault("DB_POOL", "true")
 
+# CPU priority on a shared host: WEB_NICE (e.g. 6) lowers the web processes'
+# priority below the timer and payment workers', so a flood of requests (the
+# only load that reaches web) slows the API before it delays payments; the
+# master sets it and every worker it forks inherits it. docker-compose gives
+# web a quarter of the CPU weight instead (cpu_shares). 0: unchanged.
+if int(os.environ.get("WEB_NICE", "0")):
+    os.nice(int(os.environ["WEB_NICE"]))
+
 bind = os.environ.get("GUNICORN_BIND", f"0.0.0.0:{os.environ.get('PORT', '8000')}")
 workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
 accesslog = "-"

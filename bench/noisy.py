@@ -16,6 +16,8 @@ the noise DESIGN §8 says must not reach anyone else:
   to them;
 - 24 threads scraping ``/metrics`` back to back.
 
+gunicorn runs at ``--web-nice`` (default 6: the 1:4 CPU weight
+docker-compose gives web; ``WEB_NICE`` in gunicorn.conf.py on other hosts).
 Meanwhile the victim, another client, schedules one-off payments through the
 API at ``--victim-rate`` per second, due 2-4 s later. The report gives the
 victim's lateness (``executed_at - due_at``, both stamped by the database
@@ -258,7 +260,8 @@ def markdown(report: dict) -> str:
         f"# Noisy neighbours — {report['name']} ({report['started_at']})",
         "",
         f"Mode: **{'victim alone (baseline)' if report['quiet'] else 'with noise'}**, "
-        f"{report['minutes']} min, victim {report['victim_rate']}/s through the API.",
+        f"{report['minutes']} min, victim {report['victim_rate']}/s through the API, "
+        f"web at nice {report['web_nice']}.",
         "",
         "| victim one-off payments | value |",
         "|---|---|",
@@ -315,7 +318,12 @@ def main() -> int:
     parser.add_argument("--no-schedules", action="store_true", help="leave out the 1,000 schedules")
     parser.add_argument("--no-endpoints", action="store_true", help="leave out the dead endpoints")
     parser.add_argument("--no-scrapers", action="store_true", help="leave out the scrapers")
-    parser.add_argument("--web-nice", type=int, default=0, help="run gunicorn at this nice level")
+    parser.add_argument(
+        "--web-nice",
+        type=int,
+        default=6,
+        help="gunicorn's nice level (default 6: the 1:4 CPU weight docker-compose gives web)",
+    )
     args = parser.parse_args()
 
     env = prepare(
