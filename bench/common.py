@@ -146,8 +146,10 @@ class Service:
         self.procs[role] = proc
         return proc
 
-    def celery(self, role: str, *args: str) -> subprocess.Popen:
+    def celery(self, role: str, *args: str, nice: int = 0) -> subprocess.Popen:
         command = [sys.executable, "-m", "celery", "-A", "scheduler_project"]
+        if nice:
+            command = ["nice", "-n", str(nice), *command]
         return self.start(role, [*command, *args, "-l", "WARNING"])
 
     def worker(
@@ -156,6 +158,7 @@ class Service:
         role: str = "worker",
         queues: str | None = None,
         pool: str | None = None,
+        nice: int = 0,
     ):
         """A payment worker (every queue but the other workers', as in the Procfile)
         unless ``queues`` is given."""
@@ -164,25 +167,26 @@ class Service:
         args += ["-Q", queues] if queues else ["-X", NON_PAYMENT_QUEUES]
         if pool:
             args += ["--pool", pool]
-        return self.celery(role, *args)
+        return self.celery(role, *args, nice=nice)
 
     def timers(self, role: str = "timers"):
         """The timer worker (sweeper, lease reaper), as in the Procfile."""
         return self.worker(1, role=role, queues="timers")
 
-    def recurring(self, role: str = "recurring"):
+    def recurring(self, role: str = "recurring", nice: int = 0):
         """The materialiser and maintenance worker, as in the Procfile."""
-        return self.worker(2, role=role, queues="recurring,default")
+        return self.worker(2, role=role, queues="recurring,default", nice=nice)
 
-    def webhooks(self, role: str = "webhooks", concurrency: int = 16):
+    def webhooks(self, role: str = "webhooks", concurrency: int = 16, nice: int = 0):
         """The webhook worker (threads), as in the Procfile."""
-        return self.worker(concurrency, role=role, queues="webhooks", pool="threads")
+        return self.worker(concurrency, role=role, queues="webhooks", pool="threads", nice=nice)
 
-    def background(self) -> None:
-        """Every non-payment worker of the production topology: timers, recurring, webhooks."""
+    def background(self, nice: int = 0) -> None:
+        """Every non-payment worker of the production topology: timers, recurring,
+        webhooks (the last two at ``nice``: their work has slack, the timer's has none)."""
         self.timers()
-        self.recurring()
-        self.webhooks()
+        self.recurring(nice=nice)
+        self.webhooks(nice=nice)
 
     def beat(self, role: str = "beat"):
         return self.celery(

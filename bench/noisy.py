@@ -319,6 +319,12 @@ def main() -> int:
     parser.add_argument("--no-endpoints", action="store_true", help="leave out the dead endpoints")
     parser.add_argument("--no-scrapers", action="store_true", help="leave out the scrapers")
     parser.add_argument(
+        "--background-nice",
+        type=int,
+        default=0,
+        help="nice level of the recurring and webhook workers",
+    )
+    parser.add_argument(
         "--web-nice",
         type=int,
         default=6,
@@ -352,7 +358,7 @@ def main() -> int:
     scrapers: list[Scraper] = []
     with Service(env, f"noisy-{args.name}") as service:
         start_web(service, PORT, nice=args.web_nice)
-        service.background()
+        service.background(nice=args.background_nice)
         service.worker(2)
         service.beat()
         if not args.quiet:
@@ -408,6 +414,8 @@ def main() -> int:
         },
         "cpu_seconds_in_window": cpu,
         "web_nice": args.web_nice,
+        "background_nice": args.background_nice,
+        "materialize_ahead_seconds": int(env.get("RECURRING_MATERIALIZE_AHEAD_SECONDS", "60")),
         "exactly_once": checks,
         "met": p99 is not None and p99 <= 1.0 and checks["duplicates"] == 0,
     }

@@ -171,9 +171,15 @@ def main() -> int:
         for k, v in os.environ.items()
         if k not in ("DATABASE_URL", "CELERY_BROKER_URL", "DJANGO_SETTINGS_MODULE")
     }
-    env |= {"VAR_DIR": str(var_dir), "WEB_PORT": str(args.port), "PYTHONUNBUFFERED": "1"}
+    env |= {
+        "VAR_DIR": str(var_dir),
+        # scripts/dev writes its .env (DEBUG, SECRET_KEY) there; the checks read it too
+        "ENV_FILE": str(var_dir / ".env"),
+        "WEB_PORT": str(args.port),
+        "PYTHONUNBUFFERED": "1",
+    }
+    var_dir.mkdir(parents=True)
     proc, lines = start_dev(env, out / "service.log")
-    env["DEBUG"] = "true"  # what scripts/dev runs with, for the checks below
     token, accounts = wait_for(lambda: demo_login(lines), 600, "the demo token")
     wait_for(lambda: "Quit the server" in "".join(lines), 120, "the web server")
     time.sleep(5)  # workers and beat connect

@@ -9,10 +9,12 @@ accounts (the action reports each one it skipped).
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
+from django.db.models import F
 from django.shortcuts import get_object_or_404, redirect
+from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
-from django.utils.html import format_html, format_html_join
+from django.utils.html import format_html
 
 from . import selectors, services
 from .exceptions import LedgerError
@@ -34,6 +36,11 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
+def money(value: int) -> str:
+    """Amounts and balances as the statement shows them: integers with thousands separators."""
+    return f"{value:,d}"
+
+
 @admin.register(Account)
 class AccountAdmin(admin.ModelAdmin):
     list_display = (
@@ -41,9 +48,9 @@ class AccountAdmin(admin.ModelAdmin):
         "name",
         "owner",
         "system_code",
-        "balance",
-        "held",
-        "available",
+        "balance_",
+        "held_",
+        "available_",
         "status",
         "updated_at",
     )
@@ -51,9 +58,9 @@ class AccountAdmin(admin.ModelAdmin):
     search_fields = ("=id", "name", "owner__username", "owner__email", "system_code")
     list_select_related = ("owner",)
     readonly_fields = (
-        "balance",
-        "held",
-        "available",
+        "balance_",
+        "held_",
+        "available_",
         "version",
         "status",
         "allow_negative",
@@ -63,14 +70,15 @@ class AccountAdmin(admin.ModelAdmin):
         "adjust_link",
         "statement",
     )
-    fields = (
-        "owner",
-        "name",
-        "max_payment_amount",
-        *readonly_fields,
+    fieldsets = (
+        (None, {"fields": ("owner", "name", "max_payment_amount", *readonly_fields[:-1])}),
+        ("Statement", {"fields": ("statement",)}),
     )
     raw_id_fields = ("owner",)
     actions = ("freeze", "unfreeze")
+
+    class Media:
+        css = {"all": ("ledger/admin.css",)}
 
     def get_readonly_fields(self, request, obj=None):
         """The owner is chosen when an account is added and never changes after."""
@@ -81,21 +89,52 @@ class AccountAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None):
         return False
 
-    @admin.display(description=f"Statement (latest {STATEMENT_ROWS} postings)")
+    @admin.display(description="balance", ordering="balance")
+    def balance_(self, obj):
+        return money(obj.balance)
+
+    @admin.display(description="held", ordering="held")
+    def held_(self, obj):
+        return money(obj.held)
+
+    @admin.display(description="available", ordering=F("balance") - F("held"))
+    def available_(self, obj):
+        return money(obj.available)
+
+    @admin.display(description=f"Latest {STATEMENT_ROWS} postings")
     def statement(self, obj):
+        """Newest first: time, amount, balance after, description, and what posted it."""
         if obj.pk is None:
             return "-"
-        rows = selectors.account_statement(account_id=obj.pk, limit=STATEMENT_ROWS)
-        if not rows:
+        postings = selectors.account_statement(account_id=obj.pk, limit=STATEMENT_ROWS)
+        if not postings:
             return "No postings."
-        return format_html_join(
-            "\n",
-            "<div>#{} {} {} {} → {}</div>",
-            (
-                (p.pk, p.entry.created_at, p.entry.kind, f"{p.amount:+d}", p.balance_after)
-                for p in rows
-            ),
-        )
+        links = self.statement_links([p.entry for p in postings])
+        rows = [
+            {
+                "time": p.entry.created_at,
+                "amount": f"{p.amount:+,d}",
+                "balance_after": f"{p.balance_after:,d}",
+                "description": p.entry.description or p.entry.get_kind_display(),
+                "kind": p.entry.get_kind_display(),
+                "link": links.get(p.entry_id, ""),
+                "credit": p.amount > 0,
+            }
+            for p in postings
+        ]
+        return render_to_string("admin/ledger/account/statement.html", {"rows": rows})
+
+    def statement_links(self, entries: list[JournalEntry]) -> dict[int, str]:
+        """HTML link per entry id for the statement's last column: the journal entry.
+        The payments app's admin links the payment that posted it instead."""
+        return {
+            entry.pk: format_html(
+                '<a href="{}">entry #{}</a>',
+                reverse("admin:ledger_journalentry_change", args=[entry.pk]),
+                entry.pk,
+            )
+            for entry in entries
+        }
 
     def _set_status(self, request, queryset, status):
         done = 0

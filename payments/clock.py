@@ -1,6 +1,6 @@
 """The one clock: due-ness is decided by the database, never a worker's clock."""
 
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django.db import connection
 from django.utils import timezone
@@ -18,3 +18,15 @@ def db_now() -> datetime:
             cursor.execute("SELECT clock_timestamp()")
             return cursor.fetchone()[0]
     return timezone.now()
+
+
+# The API's one way to write an instant: UTC, always six fractional digits, "Z".
+# Also REST_FRAMEWORK["DATETIME_FORMAT"] (settings), so every timestamp a client
+# sees — response fields, error details, event data, webhook bodies — has the
+# same precision and shape (Python's isoformat() drops ".000000" and writes
+# "+00:00").
+ISO_TIMESTAMP_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
+
+
+def iso_timestamp(value: datetime) -> str:
+    return value.astimezone(UTC).strftime(ISO_TIMESTAMP_FORMAT)

@@ -1,5 +1,7 @@
 """Domain errors of payments; like ``LedgerError`` each has a stable ``code``."""
 
+from __future__ import annotations
+
 from ledger.exceptions import LedgerError
 
 
@@ -19,6 +21,22 @@ class InvalidRequest(PaymentError):
     """The request breaks an input rule (see ``details``)."""
 
     code = "validation_error"
+
+    @classmethod
+    def field(cls, name: str, message: str, **details: object) -> InvalidRequest:
+        """One field's rule, worded like the API's input validation: ``details.fields``
+        carries ``message`` under ``name``, and the error's message is ``"name: message"``."""
+        return cls(f"{name}: {message}", fields={name: message}, **details)
+
+
+def amount_over_limit(*, account_id: int, limit: int) -> InvalidRequest:
+    """An amount above the source account's ``max_payment_amount`` (set per account by staff)."""
+    return InvalidRequest.field(
+        "amount",
+        f"Must be at most {limit}, this account's max_payment_amount.",
+        account_id=account_id,
+        max_payment_amount=limit,
+    )
 
 
 class PaymentNotCancellable(PaymentError):

@@ -35,7 +35,7 @@ from ledger.models import HoldStatus, JournalEntry
 from ledger.services import LedgerBatch
 
 from . import webhooks
-from .clock import db_now
+from .clock import db_now, iso_timestamp
 from .models import Actor, AttemptOutcome, Payment, PaymentAttempt, PaymentEvent, PaymentStatus
 
 logger = logging.getLogger(__name__)
@@ -228,8 +228,8 @@ def payment_execute_now(*, payment_id, execution_id: str) -> Payment:
         now = db_now()
         if payment.due_at > now:
             raise PaymentNotDue(
-                f"Payment {payment_id} is not due until {payment.due_at.isoformat()}.",
-                due_at=payment.due_at.isoformat(),
+                f"Payment {payment_id} is not due until {iso_timestamp(payment.due_at)}.",
+                due_at=iso_timestamp(payment.due_at),
             )
         previous = payment.status
         payment.status = PaymentStatus.QUEUED

@@ -163,6 +163,23 @@ class Actor(models.TextChoices):
     STAFF = "staff", "Staff"
 
 
+# Every PaymentEvent.type the code writes: the API's PaymentEventTypeEnum
+# (tests/payments/test_schema.py checks that no other literal is written).
+PAYMENT_EVENT_TYPES = (
+    "scheduled",
+    "queued",
+    "executed",
+    "failed",
+    "cancelled",
+    "rescheduled",
+    "amount_changed",
+    "description_changed",
+    "lease_expired",
+    "dead_lettered",
+    "retried",
+)
+
+
 class PaymentEvent(models.Model):
     """Append-only audit trail: one row per transition or change."""
 

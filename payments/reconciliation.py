@@ -2,7 +2,8 @@
 every COMPLETED payment has exactly one journal entry — its own
 ``payment:<id>`` — and no other payment has one."""
 
-from django.db.models import OuterRef, Subquery
+from django.db.models import OuterRef, Subquery, Value
+from django.db.models.functions import Coalesce
 
 from ledger.models import JournalEntry
 from ledger.reconciliation import Check, CheckResult, Mismatch, Progress, register_check
@@ -45,11 +46,19 @@ def orphan_entries():
     inside, stale statistics right after a large drain (before autovacuum's
     ANALYZE) made PostgreSQL choose a nested-loop anti join over the status
     index: entries x payments comparisons, hours at 100,000 payments.
+
+    An entry that no payment points at has no status: ``Coalesce`` makes that
+    ``''``, so it is reported. (``NOT (NULL = 'COMPLETED')`` is NULL, not true:
+    without it such an entry, the only kind of orphan the constraints allow,
+    was never reported.)
     """
     payment_status = Payment.objects.filter(journal_entry=OuterRef("pk")).values("status")[:1]
     return (
         JournalEntry.objects.filter(reference__startswith=PREFIX)
-        .annotate(payment_status=Subquery(payment_status))
+        # An entry no payment points at has no status: NULL, and NOT (NULL =
+        # 'COMPLETED') is not true, so without the COALESCE such an entry was
+        # never reported — the only kind of orphan the constraints allow.
+        .annotate(payment_status=Coalesce(Subquery(payment_status), Value("")))
         .exclude(payment_status=PaymentStatus.COMPLETED)
         .values_list("pk", "reference")
     )

@@ -49,13 +49,14 @@ from ledger.models import Account, AccountStatus
 from ledger.services import LedgerBatch
 
 from . import metrics, webhooks
-from .clock import db_now
+from .clock import db_now, iso_timestamp
 from .exceptions import (
     InvalidRequest,
     LimitExceeded,
     NotFound,
     PaymentError,
     PaymentNotCancellable,
+    amount_over_limit,
 )
 from .models import (
     OPEN_STATUSES,
@@ -78,7 +79,7 @@ from .recurrence import (
     zone,
 )
 from .recurrence import occurrences as occurrence_times
-from .services import partition_for, payable_destination, payment_cancel
+from .services import SAME_ACCOUNT, partition_for, payable_destination, payment_cancel
 
 logger = logging.getLogger(__name__)
 
@@ -133,8 +134,11 @@ LATEST_END = datetime(2200, 1, 1, tzinfo=UTC)
 MAX_INTERVAL_SECONDS = 366 * 86400
 
 
+ONE_OF_CRON_OR_INTERVAL = "Give exactly one of cron or interval_seconds."
+
+
 def _invalid(field: str, message: str) -> InvalidRequest:
-    return InvalidRequest(message, fields={field: message})
+    return InvalidRequest.field(field, message)
 
 
 def _validate(fields: dict, *, now: datetime | None = None) -> None:
@@ -149,37 +153,32 @@ def _validate(fields: dict, *, now: datetime | None = None) -> None:
     except InvalidSchedule as exc:
         raise _invalid("timezone", str(exc)) from None
     if bool(fields.get("cron")) == bool(fields.get("interval_seconds")):
-        raise InvalidRequest(
-            "Give exactly one of cron or interval_seconds.",
-            fields={"cron": "exactly one of cron, interval_seconds"},
-        )
+        raise _invalid("cron", ONE_OF_CRON_OR_INTERVAL)
     interval = fields.get("interval_seconds")
     if interval is not None and not 60 <= interval <= MAX_INTERVAL_SECONDS:
         raise _invalid(
-            "interval_seconds", f"interval_seconds must be between 60 and {MAX_INTERVAL_SECONDS}."
+            "interval_seconds", f"Must be between 60 and {MAX_INTERVAL_SECONDS} seconds."
         )
     if now is not None:
         latest_start = now + timedelta(seconds=settings.PAYMENT_MAX_DELAY_SECONDS)
         if not EARLIEST_START <= fields["start_time"] <= latest_start:
             raise _invalid(
                 "start_time",
-                f"start_time must be between {EARLIEST_START:%Y-%m-%dT%H:%M:%SZ} and "
+                f"Must be between {EARLIEST_START:%Y-%m-%dT%H:%M:%SZ} and "
                 f"{settings.PAYMENT_MAX_DELAY_SECONDS} seconds from now.",
             )
     if fields.get("end_time"):
         if fields["end_time"] <= fields["start_time"]:
-            raise _invalid("end_time", "end_time must be after start_time.")
+            raise _invalid("end_time", "Must be after start_time.")
         if fields["end_time"] >= LATEST_END:
-            raise _invalid("end_time", f"end_time must be before {LATEST_END:%Y-%m-%dT%H:%M:%SZ}.")
+            raise _invalid("end_time", f"Must be before {LATEST_END:%Y-%m-%dT%H:%M:%SZ}.")
     if (
         fields.get("dst_nonexistent", "shift") not in NONEXISTENT_POLICIES
         or fields.get("dst_ambiguous", "first") not in AMBIGUOUS_POLICIES
     ):
-        raise InvalidRequest("Unknown DST policy.", fields={"dst_policy": "unknown policy"})
+        raise _invalid("dst_policy", "Unknown DST policy.")
     if fields.get("missed_run_policy", "skip") not in MISSED_RUN_POLICIES:
-        raise InvalidRequest(
-            "Unknown missed-run policy.", fields={"missed_run_policy": "skip, run_once, run_all"}
-        )
+        raise _invalid("missed_run_policy", "Must be skip, run_once or run_all.")
 
 
 def _check_quota(client: AbstractBaseUser) -> None:
@@ -204,10 +203,7 @@ def _check_quota(client: AbstractBaseUser) -> None:
 def recurring_create(*, client: AbstractBaseUser, **fields) -> RecurringPayment:
     """Create a schedule from an owned, active account to an existing active account."""
     if fields["from_account_id"] == fields["to_account_id"]:
-        raise InvalidRequest(
-            "from_account_id and to_account_id must differ.",
-            fields={"to_account_id": "must differ from from_account_id"},
-        )
+        raise InvalidRequest.field("to_account_id", SAME_ACCOUNT)
     now = db_now()
     fields.setdefault("start_time", None)
     fields["start_time"] = fields["start_time"] or now
@@ -221,10 +217,7 @@ def recurring_create(*, client: AbstractBaseUser, **fields) -> RecurringPayment:
             )
         _check_quota(client)
         if fields["amount"] > source.max_payment_amount:
-            raise InvalidRequest(
-                f"amount exceeds this account's limit of {source.max_payment_amount}.",
-                fields={"amount": f"at most {source.max_payment_amount}"},
-            )
+            raise amount_over_limit(account_id=source.pk, limit=source.max_payment_amount)
         if source.status != AccountStatus.ACTIVE:
             raise AccountNotActive(
                 f"Account {source.pk} is {source.status}.",
@@ -235,7 +228,7 @@ def recurring_create(*, client: AbstractBaseUser, **fields) -> RecurringPayment:
         payable_destination(client=client, account_id=fields["to_account_id"])
         schedule = RecurringPayment(**fields)
         schedule.cron = schedule.cron or ""
-        schedule.updated_at = now
+        schedule.created_at = schedule.updated_at = now
         # The first occurrence is the first instant at or after start_time that
         # is not already in the past (a schedule does not back-fill history).
         first = planned(schedule, 1)
@@ -288,10 +281,7 @@ def recurring_update(*, schedule_id, client, **changes) -> RecurringPayment:
         if "amount" in changes:
             source = Account.objects.get(pk=schedule.from_account_id)
             if schedule.amount > source.max_payment_amount:
-                raise InvalidRequest(
-                    f"amount exceeds this account's limit of {source.max_payment_amount}.",
-                    fields={"amount": f"at most {source.max_payment_amount}"},
-                )
+                raise amount_over_limit(account_id=source.pk, limit=source.max_payment_amount)
         nxt = planned(schedule, 1)
         schedule.next_run_at = nxt[0] if nxt else None
         if schedule.next_run_at is None and schedule.status == RecurringStatus.ACTIVE:
@@ -587,6 +577,7 @@ def _run_occurrence(schedule: RecurringPayment, instant: datetime, due_at: datet
                 reference=f"payment:{payment_id}",
             )
             batch.flush()
+            created = db_now()
             payment = Payment.objects.create(
                 id=payment_id,
                 from_account_id=schedule.from_account_id,
@@ -599,7 +590,8 @@ def _run_occurrence(schedule: RecurringPayment, instant: datetime, due_at: datet
                 partition=partition_for(schedule.from_account_id),
                 hold=hold,
                 recurring=schedule,
-                updated_at=db_now(),
+                created_at=created,
+                updated_at=created,
             )
             PaymentEvent.objects.create(
                 payment=payment,
@@ -607,14 +599,17 @@ def _run_occurrence(schedule: RecurringPayment, instant: datetime, due_at: datet
                 to_status=PaymentStatus.PENDING,
                 actor=Actor.SYSTEM,
                 fence=0,
-                data={"recurring_payment_id": str(schedule.pk), "occurrence": instant.isoformat()},
+                data={
+                    "recurring_payment_id": str(schedule.pk),
+                    "occurrence": iso_timestamp(instant),
+                },
             )
     except LedgerError as exc:
         schedule.occurrences_run += 1
         schedule.consecutive_failures += 1
         data = {
             "recurring_payment_id": str(schedule.pk),
-            "occurrence": instant.isoformat(),
+            "occurrence": iso_timestamp(instant),
             "error_code": exc.code,
             "consecutive_failures": schedule.consecutive_failures,
         }

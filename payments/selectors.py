@@ -5,10 +5,11 @@ from __future__ import annotations
 import base64
 import binascii
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import DateTimeField, F, Field, Func, QuerySet, UUIDField, Value
+from django.db import connections
+from django.db.models import CharField, DateTimeField, F, Field, Func, QuerySet, UUIDField, Value
 from django.db.models.lookups import LessThan
 
 from .exceptions import InvalidRequest, NotFound
@@ -82,6 +83,15 @@ class _Row(Func):
     output_field = Field()
 
 
+def _stored_datetime(value: datetime, alias: str) -> Value:
+    """``value`` as the database stores a ``db_default=Now()`` column (see below)."""
+    if connections[alias].vendor == "sqlite":
+        utc = value.astimezone(UTC)
+        text = f"{utc:%Y-%m-%d %H:%M:%S}.{utc.microsecond // 1000:03d}"
+        return Value(text, output_field=CharField())
+    return Value(value, output_field=DateTimeField())
+
+
 def newest_first_page(qs: QuerySet, *, cursor: str | None, limit: int) -> tuple[list, str | None]:
     """Keyset page on ``(created_at, id)`` descending (UUID primary keys).
 
@@ -90,6 +100,13 @@ def newest_first_page(qs: QuerySet, *, cursor: str | None, limit: int) -> tuple[
     DESC)``: the scan starts at the cursor. The equivalent ``created_at < c OR
     (created_at = c AND id < i)`` is only a filter, so a deep page read and
     discarded every row before it.
+
+    SQLite keeps datetimes as text and compares them as text. ``created_at``
+    there is written by the database (``db_default=Now()``) as ``YYYY-MM-DD
+    HH:MM:SS.fff``, while Django writes a Python datetime as ``….ffffff``, so
+    a row compared with its own cursor came out *less* (a prefix sorts first)
+    and the rows after it on the same millisecond came back on the next page.
+    There the cursor is compared in the column's own format.
     """
     if cursor:
         created_raw, id_raw = decode_cursor(cursor, 2)
@@ -103,10 +120,7 @@ def newest_first_page(qs: QuerySet, *, cursor: str | None, limit: int) -> tuple[
         qs = qs.filter(
             LessThan(
                 _Row(F("created_at"), F("id")),
-                _Row(
-                    Value(created_at, output_field=DateTimeField()),
-                    Value(last_id, output_field=UUIDField()),
-                ),
+                _Row(_stored_datetime(created_at, qs.db), Value(last_id, output_field=UUIDField())),
             )
         )
     rows = list(qs.order_by("-created_at", "-id")[: limit + 1])

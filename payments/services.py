@@ -24,8 +24,14 @@ from ledger.models import Account, AccountStatus
 from ledger.services import LedgerBatch
 
 from . import metrics, webhooks
-from .clock import db_now
-from .exceptions import InvalidRequest, NotFound, PaymentNotCancellable, PaymentNotModifiable
+from .clock import db_now, iso_timestamp
+from .exceptions import (
+    InvalidRequest,
+    NotFound,
+    PaymentNotCancellable,
+    PaymentNotModifiable,
+    amount_over_limit,
+)
 from .models import (
     DEAD_LETTER_CODE,
     OPEN_STATUSES,
@@ -59,36 +65,35 @@ def partition_for(account_id: int) -> int:
     return zlib.crc32(str(account_id).encode()) % settings.PAYMENT_PARTITIONS
 
 
+def delay_seconds_rule() -> str:
+    """The one wording of the ``delay_seconds`` bounds (API input check and service)."""
+    low, high = settings.PAYMENT_MIN_DELAY_SECONDS, settings.PAYMENT_MAX_DELAY_SECONDS
+    return f"Must be between {low} and {high} seconds."
+
+
+ONE_OF_DELAY_OR_TIME = "Give exactly one of delay_seconds or scheduled_time."
+SAME_ACCOUNT = "Must differ from from_account_id."
+
+
 def resolve_due_at(
     *, now: datetime, delay_seconds: int | None = None, scheduled_time: datetime | None = None
 ) -> datetime:
     """Turn ``delay_seconds`` or ``scheduled_time`` into a due instant, within bounds."""
     if (delay_seconds is None) == (scheduled_time is None):
-        raise InvalidRequest(
-            "Give exactly one of delay_seconds or scheduled_time.",
-            fields={"delay_seconds": "exactly one of delay_seconds, scheduled_time"},
-        )
+        raise InvalidRequest.field("delay_seconds", ONE_OF_DELAY_OR_TIME)
     min_delay = settings.PAYMENT_MIN_DELAY_SECONDS
     max_delay = settings.PAYMENT_MAX_DELAY_SECONDS
     if delay_seconds is not None:
         if not min_delay <= delay_seconds <= max_delay:
-            raise InvalidRequest(
-                f"delay_seconds must be between {min_delay} and {max_delay}.",
-                fields={"delay_seconds": f"between {min_delay} and {max_delay}"},
-            )
+            raise InvalidRequest.field("delay_seconds", delay_seconds_rule())
         return now + timedelta(seconds=delay_seconds)
     assert scheduled_time is not None
     if scheduled_time < now:
-        raise InvalidRequest(
-            "scheduled_time is in the past.",
-            fields={"scheduled_time": "must not be in the past"},
-            now=now.isoformat(),
+        raise InvalidRequest.field(
+            "scheduled_time", "Must not be in the past.", now=iso_timestamp(now)
         )
     if scheduled_time > now + timedelta(seconds=max_delay):
-        raise InvalidRequest(
-            f"scheduled_time is more than {max_delay} seconds ahead.",
-            fields={"scheduled_time": f"at most {max_delay} seconds ahead"},
-        )
+        raise InvalidRequest.field("scheduled_time", f"Must be at most {max_delay} seconds ahead.")
     return scheduled_time
 
 
@@ -115,10 +120,7 @@ def _event(
 
 def _check_amount(amount: int, account: Account) -> None:
     if amount > account.max_payment_amount:
-        raise InvalidRequest(
-            f"amount exceeds this account's limit of {account.max_payment_amount}.",
-            fields={"amount": f"at most {account.max_payment_amount}"},
-        )
+        raise amount_over_limit(account_id=account.pk, limit=account.max_payment_amount)
 
 
 def _owned_account(batch: LedgerBatch, account_id: int, client: AbstractBaseUser) -> Account:
@@ -182,10 +184,7 @@ def payment_schedule(
     funds raise ``InsufficientFunds`` at once.
     """
     if from_account_id == to_account_id:
-        raise InvalidRequest(
-            "from_account_id and to_account_id must differ.",
-            fields={"to_account_id": "must differ from from_account_id"},
-        )
+        raise InvalidRequest.field("to_account_id", SAME_ACCOUNT)
     with transaction.atomic():
         now = db_now()
         due_at = resolve_due_at(now=now, delay_seconds=delay_seconds, scheduled_time=scheduled_time)
@@ -212,6 +211,9 @@ def payment_schedule(
             run_at=due_at,
             partition=partition_for(from_account_id),
             hold=hold,
+            # One instant for both: the column default (statement time) would
+            # come after this transaction's clock reading, so created_at > updated_at.
+            created_at=now,
             updated_at=now,
         )
         _event(payment, "scheduled", actor_user=client, amount=amount).save()
@@ -355,8 +357,8 @@ def payment_update(
                     from_status=previous,
                     actor=actor,
                     actor_user=actor_user,
-                    old=old_due.isoformat(),
-                    new=due_at.isoformat(),
+                    old=iso_timestamp(old_due),
+                    new=iso_timestamp(due_at),
                 )
             )
         if description is not None and description != payment.description:

@@ -100,7 +100,9 @@ def sweep() -> dict:
         for size in result.batch_sizes:
             metrics.sweep_batch_size.observe(size)
         claimed, messages = claimed + result.claimed, messages + result.messages
-        if not result.catching_up or time.monotonic() + tick > deadline:
+        # nothing is claimed ahead (no lookahead, or catching up): keep ticking
+        ticking = result.catching_up or settings.PAYMENT_LOOKAHEAD_SECONDS <= 0
+        if not ticking or time.monotonic() + tick > deadline:
             return {"claimed": claimed, "messages": messages}
         time.sleep(tick)
 

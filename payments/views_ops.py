@@ -15,9 +15,12 @@ from django.core.exceptions import PermissionDenied
 from django.db import connection
 from django.http import HttpResponse, HttpResponseForbidden, JsonResponse
 from django.template.response import TemplateResponse
+from django.utils.formats import date_format
+from django.utils.timezone import localtime
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
-from . import ops
+from . import formatting, ops
+from .clock import db_now
 
 _database_collector = ops.DatabaseCollector()
 REGISTRY.register(_database_collector)
@@ -133,54 +136,145 @@ class RenderedExposition:
 _exposition = RenderedExposition()
 
 
-def _bars(values: list[int], height: int = 120, width: int = 720) -> list[dict]:
-    """Bar geometry for a server-rendered SVG chart (no JavaScript, no CDN)."""
-    peak = max(values) if values and max(values) > 0 else 1
-    step = width / max(len(values), 1)
-    return [
-        {
-            "x": round(i * step, 1),
-            "w": round(max(step - 1, 1), 1),
-            "h": round(v / peak * height, 1),
-            "y": round(height - v / peak * height, 1),
-            "v": v,
-        }
-        for i, v in enumerate(values)
-    ]
+def _nice_ceiling(value: int) -> int:
+    """The smallest 1, 2 or 5 x 10^k at or above ``value`` (at least 1): the y-axis top."""
+    magnitude = 1
+    while True:
+        for step in (1, 2, 5):
+            if step * magnitude >= value:
+                return step * magnitude
+        magnitude *= 10
+
+
+def bar_chart(
+    chart_id: str,
+    *,
+    title: str,
+    x_label: str,
+    y_label: str,
+    values: list[int],
+    labels: list[str],
+    tooltips: list[str],
+    failed: bool = False,
+) -> dict:
+    """Geometry of a server-rendered bar chart (no JavaScript, no CDN).
+
+    The bars are drawn in an SVG of ``10 x n`` by 100 user units stretched to
+    its card's width (``preserveAspectRatio="none"``), so the chart fits any
+    window; titles, tick labels and axis labels are HTML text beside it, so
+    they keep their size. ``labels`` holds the x tick label of each bar ("" for
+    none). Counts are integers, shown with thousands separators.
+    """
+    top = _nice_ceiling(max(values, default=0))
+    ticks = [0, top // 2, top] if top % 2 == 0 else [0, top]
+    bars = []
+    for i, (value, tooltip) in enumerate(zip(values, tooltips, strict=True)):
+        height = round(value / top * 100, 2)
+        bars.append(
+            {"x": i * 10 + 1, "w": 8, "y": round(100 - height, 2), "h": height, "title": tooltip}
+        )
+    return {
+        "id": chart_id,
+        "title": title,
+        "x_label": x_label,
+        "y_label": y_label,
+        "width": 10 * len(values),
+        "columns": len(values),
+        "bars": bars,
+        "failed": failed,
+        "y_ticks": [
+            {"label": f"{t:,d}", "pct": round(t / top * 100, 2), "y": round(100 - t / top * 100, 2)}
+            for t in ticks
+        ],
+        "x_ticks": [
+            {"label": label, "column": i + 1} for i, label in enumerate(labels) if label != ""
+        ],
+        "total": sum(values),
+    }
+
+
+def _minute_chart(chart_id: str, title: str, rows: list[dict], key: str, **kwargs) -> dict:
+    """Per-minute counts of the last hour, oldest first; x ticks every 10 minutes ago."""
+    last = len(rows) - 1
+    return bar_chart(
+        chart_id,
+        title=title,
+        x_label="minutes ago",
+        y_label="payments per minute",
+        values=[row[key] for row in rows],
+        labels=[str(last - i) if (last - i) % 10 == 0 else "" for i in range(len(rows))],
+        tooltips=[
+            f"{date_format(localtime(row['minute']), 'DATETIME_FORMAT')}: {row[key]:,d} {key}"
+            for row in rows
+        ],
+        **kwargs,
+    )
 
 
 @staff_member_required
 def operations(request):
+    """Figures and charts for support (DESIGN §6): every duration in milliseconds with
+    one decimal (payments.formatting), every count with thousands separators, every
+    time with seconds and its zone."""
     if not request.user.has_perm("payments.view_payment"):
         raise PermissionDenied
     from django.contrib import admin
 
     backlog = ops.backlog_by_bucket()
     per_minute = ops.outcomes_per_minute(60)
-    executed = [row["executed"] for row in per_minute]
-    failed = [row["failed"] for row in per_minute]
-    total_executed, total_failed = sum(executed), sum(failed)
+    total_executed = sum(row["executed"] for row in per_minute)
+    total_failed = sum(row["failed"] for row in per_minute)
+    lateness = ops.lateness_percentiles(1)
+    queue_depths = ops.queue_depths()
+    reconciliation = ops.last_reconciliation()
+    charts = [
+        bar_chart(
+            "backlog-chart",
+            title="Backlog by due time",
+            x_label="due",
+            y_label="open payments",
+            values=list(backlog.values()),
+            labels=list(backlog),
+            tooltips=[f"{label}: {value:,d} open payments" for label, value in backlog.items()],
+        ),
+        _minute_chart("executed-chart", "Executed per minute, last hour", per_minute, "executed"),
+        _minute_chart(
+            "failed-chart", "Failed per minute, last hour", per_minute, "failed", failed=True
+        ),
+    ]
+    if queue_depths is not None:
+        charts.append(
+            bar_chart(
+                "queues-chart",
+                title="Queue depth per partition",
+                x_label="partition",
+                y_label="messages waiting",
+                values=list(queue_depths.values()),
+                labels=[f"{n:02d}" for n in range(len(queue_depths))],
+                tooltips=[f"{name}: {depth:,d} messages" for name, depth in queue_depths.items()],
+            )
+        )
     context = {
         **admin.site.each_context(request),
         "title": "Operations",
+        "as_of": localtime(db_now()),
+        "charts": charts,
         "backlog": backlog,
-        "backlog_bars": [
-            {**bar, "label": label}
-            for bar, label in zip(_bars(list(backlog.values()), width=500), backlog, strict=True)
-        ],
-        "executed_bars": _bars(executed),
-        "failed_bars": _bars(failed),
         "total_executed": total_executed,
         "total_failed": total_failed,
         "failure_rate": (
-            round(100 * total_failed / (total_executed + total_failed), 2)
+            f"{100 * total_failed / (total_executed + total_failed):.1f} %"
             if total_executed + total_failed
             else None
         ),
-        "lateness": ops.lateness_percentiles(1),
+        "lateness": lateness,
+        "lateness_ms": {q: formatting.duration_ms(lateness[q]) for q in ("p50", "p95", "p99")},
         "dead_letters": ops.dead_letter_count(),
-        "queue_depths": ops.queue_depths(),
-        "last_reconciliation": ops.last_reconciliation(),
+        "queue_depths": queue_depths,
+        "last_reconciliation": reconciliation,
+        "reconciliation_duration": (
+            formatting.duration_ms(reconciliation.duration_seconds) if reconciliation else None
+        ),
         "partitions": settings.PAYMENT_PARTITIONS,
     }
     return TemplateResponse(request, "admin/operations.html", context)

@@ -53,6 +53,7 @@ from django.utils import timezone
 from ledger.db import bulk_insert_rows
 
 from . import webhook_secrets, webhook_transport
+from .clock import iso_timestamp
 from .exceptions import InvalidRequest, LimitExceeded, NotFound
 from .models import (
     DeliveryStatus,
@@ -181,7 +182,7 @@ def dispatch(event_ids) -> list[str]:
                 delivery.payload = {
                     "id": str(delivery.id),
                     "type": event.event_type,
-                    "created_at": event.created_at.isoformat(),
+                    "created_at": iso_timestamp(event.created_at),
                     "data": event.data,
                 }
                 deliveries.append(delivery)
@@ -419,7 +420,7 @@ def _first_per_endpoint(deliveries, limit: int) -> list:
 
 def payment_data(payment) -> dict:
     def iso(value):
-        return value.isoformat() if value else None
+        return iso_timestamp(value) if value else None
 
     return {
         "payment_id": str(payment.pk),

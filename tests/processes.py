@@ -1,12 +1,16 @@
-"""Real Celery worker and beat processes against the test database and Redis."""
+"""Real Celery worker, beat and gunicorn processes against the test database and Redis."""
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import redis
@@ -31,6 +35,9 @@ def process_env(**extra: str) -> dict[str, str]:
 
 
 def flush_broker() -> None:
+    """FLUSHDB on the broker's own database number (one per checkout in scripts/test), never
+    FLUSHALL: other databases on the same Redis — a developer's, a parallel run's —
+    are left alone."""
     redis.Redis.from_url(settings.CELERY_BROKER_URL).flushdb()
 
 
@@ -128,8 +135,16 @@ class Processes:
                 proc.wait(5)
 
     def logs(self) -> str:
+        """Every process's whole log: what assertions read (a deadlock or an
+        OperationalError early in a long log must still be found)."""
         return "\n".join(
-            f"--- {p.name} ---\n{p.read_text()[-3000:]}"
+            f"--- {p.name} ---\n{p.read_text()}" for p in sorted(self.tmp_path.glob("*.log"))
+        )
+
+    def tail(self, chars: int = 3000) -> str:
+        """The last ``chars`` characters of each log: for printing, never for assertions."""
+        return "\n".join(
+            f"--- {p.name} ---\n{p.read_text()[-chars:]}"
             for p in sorted(self.tmp_path.glob("*.log"))
         )
 
@@ -142,3 +157,83 @@ def wait_until(predicate, timeout: float, interval: float = 0.2, message: str = 
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Gunicorn:
+    """``gunicorn scheduler_project.wsgi`` as the Procfile runs it, on a free local port.
+
+    The access log records the worker pid and status of every request, so a
+    test can see which worker process answered.
+    """
+
+    def __init__(self, tmp_path: Path, workers: int, **env: str) -> None:
+        self.port = free_port()
+        self.access_log = tmp_path / "access.log"
+        self.log_path = tmp_path / "gunicorn.log"
+        log = open(self.log_path, "w")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gunicorn",
+                "scheduler_project.wsgi",
+                "--access-logfile",
+                str(self.access_log),
+                "--access-logformat",
+                "%(p)s %(s)s %(U)s",
+            ],
+            cwd=ROOT,
+            env=process_env(
+                GUNICORN_BIND=f"127.0.0.1:{self.port}", WEB_CONCURRENCY=str(workers), **env
+            ),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        wait_until(self._up, 60, message="gunicorn to answer /healthz")
+
+    def _up(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"gunicorn exited:\n{self.logs()}")
+        try:
+            return self.request("GET", "/healthz")[0] == 200
+        except OSError:
+            return False
+
+    def request(self, method, path, body=None, headers=None) -> tuple[int, dict, bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        try:
+            payload = None if body is None else json.dumps(body)
+            all_headers = {"Content-Type": "application/json"} if body is not None else {}
+            conn.request(method, path, payload, all_headers | (headers or {}))
+            response = conn.getresponse()
+            return response.status, dict(response.getheaders()), response.read()
+        finally:
+            conn.close()
+
+    def access(self) -> list[tuple[str, int, str]]:
+        """(worker pid, status, path) of every request answered so far."""
+        text = self.access_log.read_text() if self.access_log.exists() else ""
+        return [(pid, int(status), path) for pid, status, path in map(str.split, text.splitlines())]
+
+    def answered_by(self, path: str) -> Counter:
+        """Requests for ``path`` answered so far, by worker pid."""
+        return Counter(pid for pid, _, p in self.access() if p == path)
+
+    def logs(self) -> str:
+        return self.log_path.read_text()[-4000:]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)

@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import hmac
 import logging
 
+from django.conf import settings
+from django.contrib.auth.models import AnonymousUser
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from redis.exceptions import RedisError
 from rest_framework import authentication, exceptions
+from rest_framework.permissions import BasePermission
 from rest_framework.throttling import BaseThrottle, SimpleRateThrottle, UserRateThrottle
 
 from ..models import ApiToken
 from ..tokens import hash_token
 
 logger = logging.getLogger(__name__)
+
+
+USAGE = "send Authorization: Bearer <token>."
 
 
 class BearerTokenAuthentication(authentication.BaseAuthentication):
@@ -22,10 +29,14 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
 
     def authenticate(self, request):
         header = authentication.get_authorization_header(request).split()
-        if not header or header[0].lower() != self.keyword.lower().encode():
+        if not header:
             return None
+        if header[0].lower() != self.keyword.lower().encode():
+            # "Token …", "Basic …": a credential was sent, in the wrong scheme.
+            # Saying which scheme works beats "credentials were not provided".
+            raise exceptions.AuthenticationFailed(f"Unsupported authorization scheme: {USAGE}")
         if len(header) != 2:
-            raise exceptions.AuthenticationFailed("Malformed Authorization header.")
+            raise exceptions.AuthenticationFailed(f"Malformed Authorization header: {USAGE}")
         try:
             token = header[1].decode()
         except UnicodeDecodeError:
@@ -51,6 +62,40 @@ class BearerTokenScheme(OpenApiAuthenticationExtension):
 
     def get_security_definition(self, auto_schema):
         return {"type": "http", "scheme": "bearer"}
+
+
+class InternalTokenAuthentication(authentication.BaseAuthentication):
+    """``X-Internal-Auth: <INTERNAL_API_TOKEN>``, for the operator endpoint only.
+
+    Unset ``INTERNAL_API_TOKEN`` disables the endpoint. A missing or wrong
+    header is a 404, never a 401: the endpoint does not reveal that it exists.
+    """
+
+    header = "X-Internal-Auth"
+
+    def authenticate(self, request):
+        expected = settings.INTERNAL_API_TOKEN
+        given = request.headers.get(self.header, "")
+        if not expected or not hmac.compare_digest(given.encode(), expected.encode()):
+            raise exceptions.NotFound("Not found.")
+        return AnonymousUser(), self.header
+
+
+class IsInternalCaller(BasePermission):
+    """The request authenticated with ``InternalTokenAuthentication`` (which runs now)."""
+
+    def has_permission(self, request, view):
+        return isinstance(request.successful_authenticator, InternalTokenAuthentication)
+
+
+class InternalTokenScheme(OpenApiAuthenticationExtension):
+    """The OpenAPI security scheme of ``InternalTokenAuthentication``."""
+
+    target_class = InternalTokenAuthentication
+    name = "internalAuth"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "apiKey", "in": "header", "name": InternalTokenAuthentication.header}
 
 
 def client_ip(request) -> str | None:

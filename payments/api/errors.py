@@ -23,21 +23,34 @@ from ledger.exceptions import LedgerError
 
 logger = logging.getLogger(__name__)
 
-STATUS_BY_CODE = {
+# Every code the API can answer with, and its HTTP status: the single source
+# for the exception handler, the OpenAPI schema's ``ErrorCode`` enum
+# (payments.api.schema) and the errors table in the README (a test compares
+# them). A domain error whose code is not here is a bug, answered as a 500.
+ERROR_CODES: dict[str, int] = {
     "validation_error": 400,
-    "invalid_amount": 400,
-    "same_account": 400,
+    "parse_error": 400,
+    "not_authenticated": 401,
+    "authentication_failed": 401,
+    "permission_denied": 403,
     "not_found": 404,
-    "account_not_found": 422,
-    "account_not_active": 422,
-    "insufficient_funds": 422,
+    "method_not_allowed": 405,
+    "not_acceptable": 406,
     "payment_not_cancellable": 409,
     "payment_not_modifiable": 409,
     "payment_not_due": 409,
     "recurring_not_modifiable": 409,
     "idempotency_key_in_use": 409,
-    "idempotency_key_reused": 422,
+    "payload_too_large": 413,
+    "unsupported_media_type": 415,
+    "account_not_found": 422,
+    "account_not_active": 422,
+    "insufficient_funds": 422,
     "limit_exceeded": 422,
+    "idempotency_key_reused": 422,
+    "throttled": 429,
+    "internal_error": 500,
+    "service_unavailable": 503,
 }
 
 DRF_CODES = {
@@ -52,6 +65,16 @@ DRF_CODES = {
     exceptions.Throttled: "throttled",
 }
 
+JSON_MEDIA_TYPE = "application/json"
+NOT_AUTHENTICATED_MESSAGE = (
+    "Authentication credentials were not provided: send Authorization: Bearer <token>."
+)
+UNSUPPORTED_MEDIA_TYPE_MESSAGE = (
+    'Unsupported media type "{given}": send the body as JSON with '
+    f"Content-Type: {JSON_MEDIA_TYPE}."
+)
+INTERNAL_ERROR_MESSAGE = "Internal error; it has been logged."
+
 
 # What Django raises (wrapping psycopg) when it cannot get or keep a
 # connection: server down or restarting, "too many clients", a pool with every
@@ -62,6 +85,11 @@ DATABASE_UNAVAILABLE = (OperationalError, InterfaceError)
 
 UNAVAILABLE_MESSAGE = "The service is temporarily unavailable; retry after the given delay."
 TOO_LARGE_MESSAGE = "The request body is larger than {limit} bytes."
+
+
+def is_api_path(path: str) -> bool:
+    """``/api`` and everything under it: answered in the JSON error shape."""
+    return path == "/api" or path.startswith("/api/")
 
 
 def error_body(code: str, message: str, details: dict | None = None) -> dict:
@@ -87,7 +115,7 @@ def service_unavailable(request, exc: BaseException) -> HttpResponse:
     """503 + Retry-After outside DRF: the error shape under /api/, plain text elsewhere."""
     logger.warning("database unavailable: %s %s: %r", request.method, request.path, exc)
     body, headers = unavailable_body()
-    if request.path.startswith("/api/"):
+    if is_api_path(request.path):
         return JsonResponse(body, status=503, headers=headers)
     return HttpResponse(
         "503 Service Unavailable: the database is unavailable; retry later.\n",
@@ -126,14 +154,46 @@ def _first_message(fields: dict, prefix: str = "") -> str:
     return "Invalid request."
 
 
+def _internal_error(context) -> Response:
+    logger.exception("Unhandled API error", extra={"view": type(context.get("view")).__name__})
+    return Response(
+        error_body("internal_error", INTERNAL_ERROR_MESSAGE),
+        status=status.HTTP_500_INTERNAL_SERVER_ERROR,
+    )
+
+
+def _throttle_wait(exc: exceptions.Throttled) -> float:
+    """Seconds until the next request is allowed. DRF has no estimate when more
+    requests than the rate slipped in together (processes racing on the shared
+    cache); a 429 still says when to retry (the schema declares Retry-After)."""
+    return exc.wait if exc.wait is not None else 1.0
+
+
+def _api_exception_message(exc: exceptions.APIException, context) -> tuple[str, dict]:
+    """The message and details of a DRF exception: DRF's own text, with a hint where
+    DRF's does not say what to send instead."""
+    if isinstance(exc, exceptions.NotAuthenticated):
+        return NOT_AUTHENTICATED_MESSAGE, {}
+    if isinstance(exc, exceptions.UnsupportedMediaType):
+        request = context.get("request")
+        given = getattr(request, "content_type", "") or ""
+        return UNSUPPORTED_MEDIA_TYPE_MESSAGE.format(given=given), {
+            "supported_media_types": [JSON_MEDIA_TYPE]
+        }
+    if isinstance(exc, exceptions.Throttled):
+        return str(exc.detail), {"retry_after_seconds": _throttle_wait(exc)}
+    return str(exc.detail), {}
+
+
 def exception_handler(exc, context):
-    headers = {}
     if isinstance(exc, LedgerError):
+        if exc.code not in ERROR_CODES:
+            # A rule the API should have checked before reaching the service.
+            return _internal_error(context)
         details = dict(exc.details)
         if "fields" in details:
             details["fields"] = {k: _messages(v) for k, v in details["fields"].items()}
-        http_status = STATUS_BY_CODE.get(exc.code, 422)
-        return Response(error_body(exc.code, exc.message, details), status=http_status)
+        return Response(error_body(exc.code, exc.message, details), status=ERROR_CODES[exc.code])
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, PermissionDenied):
@@ -145,16 +205,16 @@ def exception_handler(exc, context):
             status=status.HTTP_400_BAD_REQUEST,
         )
     if isinstance(exc, exceptions.APIException):
-        details = {}
-        if isinstance(exc, exceptions.Throttled) and exc.wait is not None:
-            details["retry_after_seconds"] = exc.wait
-            headers["Retry-After"] = str(int(exc.wait) + 1)
+        code = next((c for cls, c in DRF_CODES.items() if isinstance(exc, cls)), None)
+        if code is None:
+            return _internal_error(context)
+        message, details = _api_exception_message(exc, context)
+        headers = {}
+        if isinstance(exc, exceptions.Throttled):
+            headers["Retry-After"] = str(int(_throttle_wait(exc)) + 1)
         if getattr(exc, "auth_header", None):
             headers["WWW-Authenticate"] = exc.auth_header
-        code = next((c for cls, c in DRF_CODES.items() if isinstance(exc, cls)), "error")
-        return Response(
-            error_body(code, str(exc.detail), details), status=exc.status_code, headers=headers
-        )
+        return Response(error_body(code, message, details), status=exc.status_code, headers=headers)
     if isinstance(exc, DATABASE_UNAVAILABLE):
         logger.warning("database unavailable: %r", exc)
         body, headers = unavailable_body()
@@ -164,16 +224,31 @@ def exception_handler(exc, context):
             too_large_body(settings.DATA_UPLOAD_MAX_MEMORY_SIZE),
             status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
         )
-    logger.exception("Unhandled API error", extra={"view": type(context.get("view")).__name__})
-    return Response(
-        error_body("internal_error", "Internal error; it has been logged."),
-        status=status.HTTP_500_INTERNAL_SERVER_ERROR,
-    )
+    return _internal_error(context)
+
+
+def json_400(request, exception=None):
+    """Django-level 400 (a request refused before any view: a Host not in
+    ALLOWED_HOSTS, another SuspiciousOperation): JSON under /api/."""
+    if is_api_path(request.path):
+        return JsonResponse(error_body("validation_error", "Bad request."), status=400)
+    from django.views.defaults import bad_request
+
+    return bad_request(request, exception)
+
+
+def json_403(request, exception=None):
+    """Django-level 403 (raised outside DRF, e.g. by a middleware): JSON under /api/."""
+    if is_api_path(request.path):
+        return JsonResponse(error_body("permission_denied", "Permission denied."), status=403)
+    from django.views.defaults import permission_denied
+
+    return permission_denied(request, exception)
 
 
 def json_404(request, exception=None):
     """Django-level 404 (no route matched): JSON under /api/, the usual page elsewhere."""
-    if request.path.startswith("/api/"):
+    if is_api_path(request.path):
         return JsonResponse(error_body("not_found", "Not found."), status=404)
     from django.views.defaults import page_not_found
 
@@ -186,10 +261,8 @@ def json_500(request):
     exc = sys.exc_info()[1]
     if isinstance(exc, DATABASE_UNAVAILABLE):
         return service_unavailable(request, exc)
-    if request.path.startswith("/api/"):
-        return JsonResponse(
-            error_body("internal_error", "Internal error; it has been logged."), status=500
-        )
+    if is_api_path(request.path):
+        return JsonResponse(error_body("internal_error", INTERNAL_ERROR_MESSAGE), status=500)
     from django.views.defaults import server_error
 
     return server_error(request)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import uuid
 
-from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -15,7 +14,8 @@ from ..exceptions import NotFound
 from ..models import RecurringOccurrence, RecurringPayment
 from ..selectors import decode_id_cursor, encode_cursor, newest_first_page
 from . import serializers as s
-from .views import ERROR, IDEMPOTENCY_HEADER, idempotent, parse
+from .schema import api_operation
+from .views import idempotent, parse
 
 
 def parse_uuid(raw: str, label: str) -> uuid.UUID:
@@ -26,10 +26,10 @@ def parse_uuid(raw: str, label: str) -> uuid.UUID:
 
 
 def _flatten(data: dict) -> dict:
-    policy = data.pop("dst_policy", None)
-    if policy is not None:
-        data["dst_nonexistent"] = policy["nonexistent"]
-        data["dst_ambiguous"] = policy["ambiguous"]
+    policy = data.pop("dst_policy", None) or {}
+    for key in ("nonexistent", "ambiguous"):  # a PATCH carries only the keys it changes
+        if key in policy:
+            data[f"dst_{key}"] = policy[key]
     return data
 
 
@@ -50,11 +50,12 @@ def _page(qs, cursor: str | None, limit: int):
 
 
 class RecurringCollectionView(APIView):
-    @extend_schema(
+    @api_operation(
         operation_id="recurring_list",
         summary="List recurring payments",
         parameters=[s.RecurringListQuery],
-        responses={200: s.RecurringListOutput, 400: ERROR},
+        responses={200: s.RecurringListOutput},
+        errors={400: ["validation_error"]},
     )
     def get(self, request):
         query = parse(s.RecurringListQuery, request.query_params.dict())
@@ -69,12 +70,16 @@ class RecurringCollectionView(APIView):
             }
         )
 
-    @extend_schema(
+    @api_operation(
         operation_id="recurring_create",
         summary="Create a recurring payment (cron or interval, in a time zone)",
         request=s.RecurringInput,
-        parameters=[IDEMPOTENCY_HEADER],
-        responses={201: s.RecurringOutput, 400: ERROR, 404: ERROR, 409: ERROR, 422: ERROR},
+        idempotent=True,
+        responses={201: s.RecurringOutput},
+        errors={
+            404: ["not_found"],
+            422: ["limit_exceeded", "account_not_found", "account_not_active"],
+        },
     )
     @idempotent
     def post(self, request):
@@ -84,17 +89,22 @@ class RecurringCollectionView(APIView):
 
 
 class RecurringDetailView(APIView):
-    @extend_schema(
-        summary="Get a recurring payment", responses={200: s.RecurringOutput, 404: ERROR}
+    @api_operation(
+        operation_id="recurring_retrieve",
+        summary="Get a recurring payment",
+        responses={200: s.RecurringOutput},
+        errors={404: ["not_found"]},
     )
     def get(self, request, recurring_id):
         return Response(s.RecurringOutput(_owned(request, recurring_id)).data)
 
-    @extend_schema(
+    @api_operation(
+        operation_id="recurring_update",
         summary="Change a recurring payment",
         request=s.RecurringUpdateInput,
-        parameters=[IDEMPOTENCY_HEADER],
-        responses={200: s.RecurringOutput, 400: ERROR, 404: ERROR, 409: ERROR},
+        idempotent=True,
+        responses={200: s.RecurringOutput},
+        errors={404: ["not_found"], 409: ["recurring_not_modifiable"]},
     )
     @idempotent
     def patch(self, request, recurring_id):
@@ -105,13 +115,10 @@ class RecurringDetailView(APIView):
 
 
 class RecurringActionView(APIView):
+    """pause / resume / cancel: one transition of the schedule's status."""
+
     action_name = ""
 
-    @extend_schema(
-        request=None,
-        parameters=[IDEMPOTENCY_HEADER],
-        responses={200: s.RecurringOutput, 404: ERROR, 409: ERROR},
-    )
     @idempotent
     def post(self, request, recurring_id):
         schedule = _owned(request, recurring_id)
@@ -121,11 +128,47 @@ class RecurringActionView(APIView):
         return Response(s.RecurringOutput(schedule).data)
 
 
+def _action_operation(action: str, summary: str):
+    return api_operation(
+        operation_id=f"recurring_{action}",
+        summary=summary,
+        idempotent=True,
+        responses={200: s.RecurringOutput},
+        errors={404: ["not_found"], 409: ["recurring_not_modifiable"]},
+    )
+
+
+class RecurringPauseView(RecurringActionView):
+    action_name = "pause"
+
+    @_action_operation("pause", "Pause a recurring payment (no occurrence runs while paused)")
+    def post(self, request, recurring_id):
+        return super().post(request, recurring_id)
+
+
+class RecurringResumeView(RecurringActionView):
+    action_name = "resume"
+
+    @_action_operation("resume", "Resume a paused recurring payment")
+    def post(self, request, recurring_id):
+        return super().post(request, recurring_id)
+
+
+class RecurringCancelView(RecurringActionView):
+    action_name = "cancel"
+
+    @_action_operation("cancel", "Cancel a recurring payment and its occurrence already scheduled")
+    def post(self, request, recurring_id):
+        return super().post(request, recurring_id)
+
+
 class RecurringOccurrencesView(APIView):
-    @extend_schema(
+    @api_operation(
+        operation_id="recurring_occurrences",
         summary="Occurrences of a recurring payment (newest first) and the next planned ones",
         parameters=[s.StatementQuery],
-        responses={200: s.OccurrenceListOutput, 400: ERROR, 404: ERROR},
+        responses={200: s.OccurrenceListOutput},
+        errors={400: ["validation_error"], 404: ["not_found"]},
     )
     def get(self, request, recurring_id):
         schedule = _owned(request, recurring_id)
@@ -151,7 +194,7 @@ def without_secret(body: dict) -> dict:
 
 
 class WebhookEndpointCollectionView(APIView):
-    @extend_schema(
+    @api_operation(
         operation_id="webhook_endpoints_list",
         summary="Your webhook endpoints",
         responses={200: s.WebhookEndpointListOutput},
@@ -160,7 +203,7 @@ class WebhookEndpointCollectionView(APIView):
         endpoints = request.user.webhook_endpoints.order_by("created_at")
         return Response({"webhook_endpoints": s.WebhookEndpointOutput(endpoints, many=True).data})
 
-    @extend_schema(
+    @api_operation(
         operation_id="webhook_endpoints_create",
         summary="Register a webhook endpoint; the signing secret is returned once",
         description="The URL must be https and reach a public internet address; a "
@@ -168,8 +211,9 @@ class WebhookEndpointCollectionView(APIView):
         "`secret_shown_once: true`. At most WEBHOOK_MAX_ENDPOINTS_PER_CLIENT endpoints "
         "per client (422 limit_exceeded).",
         request=s.WebhookEndpointInput,
-        parameters=[IDEMPOTENCY_HEADER],
-        responses={201: s.WebhookEndpointCreatedOutput, 400: ERROR, 422: ERROR},
+        idempotent=True,
+        responses={201: s.WebhookEndpointCreatedOutput},
+        errors={422: ["limit_exceeded"]},
     )
     @idempotent(stored_body=without_secret)
     def post(self, request):
@@ -186,16 +230,21 @@ class WebhookEndpointDetailView(APIView):
             client=request.user, endpoint_id=parse_uuid(endpoint_id, "Webhook endpoint")
         )
 
-    @extend_schema(
-        summary="A webhook endpoint", responses={200: s.WebhookEndpointOutput, 404: ERROR}
+    @api_operation(
+        operation_id="webhook_endpoints_retrieve",
+        summary="A webhook endpoint",
+        responses={200: s.WebhookEndpointOutput},
+        errors={404: ["not_found"]},
     )
     def get(self, request, endpoint_id):
         return Response(s.WebhookEndpointOutput(self._get(request, endpoint_id)).data)
 
-    @extend_schema(
+    @api_operation(
+        operation_id="webhook_endpoints_update",
         summary="Change a webhook endpoint",
         request=s.WebhookEndpointUpdateInput,
-        responses={200: s.WebhookEndpointOutput, 400: ERROR, 404: ERROR},
+        responses={200: s.WebhookEndpointOutput},
+        errors={404: ["not_found"]},
     )
     def patch(self, request, endpoint_id):
         endpoint = self._get(request, endpoint_id)
@@ -203,7 +252,12 @@ class WebhookEndpointDetailView(APIView):
         endpoint = webhooks.endpoint_update(client=request.user, endpoint_id=endpoint.pk, **data)
         return Response(s.WebhookEndpointOutput(endpoint).data)
 
-    @extend_schema(summary="Delete a webhook endpoint", responses={204: None, 404: ERROR})
+    @api_operation(
+        operation_id="webhook_endpoints_delete",
+        summary="Delete a webhook endpoint",
+        responses={204: None},
+        errors={404: ["not_found"]},
+    )
     def delete(self, request, endpoint_id):
         endpoint = self._get(request, endpoint_id)
         webhooks.endpoint_delete(client=request.user, endpoint_id=endpoint.pk)
@@ -211,9 +265,11 @@ class WebhookEndpointDetailView(APIView):
 
 
 class WebhookDeliveriesView(APIView):
-    @extend_schema(
+    @api_operation(
+        operation_id="webhook_endpoints_deliveries",
         summary="Delivery log of a webhook endpoint, newest first",
-        responses={200: s.WebhookDeliveryListOutput, 404: ERROR},
+        responses={200: s.WebhookDeliveryListOutput},
+        errors={404: ["not_found"]},
     )
     def get(self, request, endpoint_id):
         endpoint = webhooks.endpoint_get(

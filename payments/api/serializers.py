@@ -4,10 +4,24 @@ from __future__ import annotations
 
 import json
 
+from django.conf import settings
 from django.utils.dateparse import parse_datetime
 from rest_framework import serializers
 
-from ..models import OCCURRENCE_OUTCOMES, PaymentStatus
+from ledger.models import AccountStatus, EntryKind
+
+from ..models import (
+    OCCURRENCE_OUTCOMES,
+    PAYMENT_EVENT_TYPES,
+    Actor,
+    AttemptOutcome,
+    DeliveryStatus,
+    PaymentStatus,
+    RecurringStatus,
+)
+from ..recurrence import AMBIGUOUS_POLICIES, NONEXISTENT_POLICIES
+from ..recurring import MISSED_RUN_POLICIES, ONE_OF_CRON_OR_INTERVAL
+from ..services import ONE_OF_DELAY_OR_TIME, delay_seconds_rule
 from ..webhooks import EVENT_TYPES
 
 METADATA_MAX_BYTES = 4096
@@ -46,6 +60,22 @@ class AwareDateTimeField(serializers.DateTimeField):
         return parsed
 
 
+class DelaySecondsField(StrictIntegerField):
+    """Seconds from now, within ``PAYMENT_MIN_DELAY_SECONDS`` … ``PAYMENT_MAX_DELAY_SECONDS``.
+
+    The bounds are read when the field is built (DRF rebuilds declared fields
+    for every serializer instance), so the check, its message and the OpenAPI
+    schema follow the settings, and agree with ``services.resolve_due_at``.
+    """
+
+    def __init__(self, **kwargs):
+        rule = delay_seconds_rule()
+        kwargs["min_value"] = settings.PAYMENT_MIN_DELAY_SECONDS
+        kwargs["max_value"] = settings.PAYMENT_MAX_DELAY_SECONDS
+        kwargs["error_messages"] = {"min_value": rule, "max_value": rule}
+        super().__init__(**kwargs)
+
+
 class StrictSerializer(serializers.Serializer):
     """Rejects unknown fields, so a typo ('delay_second') is not silently ignored."""
 
@@ -70,7 +100,7 @@ class ScheduleInput(StrictSerializer):
     from_account_id = StrictIntegerField(min_value=1, max_value=2**63 - 1)
     to_account_id = StrictIntegerField(min_value=1, max_value=2**63 - 1)
     amount = StrictIntegerField(min_value=1, max_value=2**63 - 1)
-    delay_seconds = StrictIntegerField(required=False, min_value=0, max_value=2**31)
+    delay_seconds = DelaySecondsField(required=False)
     scheduled_time = AwareDateTimeField(required=False)
     description = serializers.CharField(
         required=False, allow_blank=True, max_length=255, default=""
@@ -79,14 +109,12 @@ class ScheduleInput(StrictSerializer):
 
     def validate(self, attrs):
         if ("delay_seconds" in attrs) == ("scheduled_time" in attrs):
-            raise serializers.ValidationError(
-                {"delay_seconds": ["Give exactly one of delay_seconds or scheduled_time."]}
-            )
+            raise serializers.ValidationError({"delay_seconds": [ONE_OF_DELAY_OR_TIME]})
         return attrs
 
 
 class UpdateInput(StrictSerializer):
-    delay_seconds = StrictIntegerField(required=False, min_value=0, max_value=2**31)
+    delay_seconds = DelaySecondsField(required=False)
     scheduled_time = AwareDateTimeField(required=False)
     amount = StrictIntegerField(required=False, min_value=1, max_value=2**63 - 1)
     description = serializers.CharField(required=False, allow_blank=True, max_length=255)
@@ -156,10 +184,12 @@ class CancelOutput(serializers.Serializer):
 
 class EventOutput(serializers.Serializer):
     event_id = serializers.IntegerField(source="id")
-    type = serializers.CharField()
-    from_status = serializers.CharField()
-    to_status = serializers.CharField()
-    actor = serializers.CharField()
+    type = serializers.ChoiceField(choices=PAYMENT_EVENT_TYPES)
+    from_status = serializers.ChoiceField(
+        choices=PaymentStatus.choices, allow_blank=True, help_text="Empty on the first event."
+    )
+    to_status = serializers.ChoiceField(choices=PaymentStatus.choices)
+    actor = serializers.ChoiceField(choices=Actor.choices)
     fence = serializers.IntegerField(allow_null=True)
     data = serializers.DictField()
     created_at = serializers.DateTimeField()
@@ -171,7 +201,7 @@ class AttemptOutput(serializers.Serializer):
     worker = serializers.CharField()
     started_at = serializers.DateTimeField()
     finished_at = serializers.DateTimeField(allow_null=True)
-    outcome = serializers.CharField()
+    outcome = serializers.ChoiceField(choices=AttemptOutcome.choices)
     error_code = serializers.CharField()
     error_message = serializers.CharField()
 
@@ -187,7 +217,7 @@ class AttemptListOutput(serializers.Serializer):
 class AccountOutput(serializers.Serializer):
     account_id = serializers.IntegerField(source="id")
     name = serializers.CharField()
-    status = serializers.CharField()
+    status = serializers.ChoiceField(choices=AccountStatus.choices)
     balance = serializers.IntegerField()
     held = serializers.IntegerField()
     available = serializers.IntegerField()
@@ -202,7 +232,7 @@ class AccountListOutput(serializers.Serializer):
 class StatementLineOutput(serializers.Serializer):
     posting_id = serializers.IntegerField(source="id")
     entry_id = serializers.IntegerField()
-    kind = serializers.CharField(source="entry.kind")
+    kind = serializers.ChoiceField(source="entry.kind", choices=EntryKind.choices)
     reference = serializers.CharField(source="entry.reference", allow_null=True)
     description = serializers.CharField(source="entry.description")
     amount = serializers.IntegerField()
@@ -220,8 +250,21 @@ class StatementOutput(serializers.Serializer):
 
 
 class DstPolicy(StrictSerializer):
-    nonexistent = serializers.ChoiceField(choices=["shift", "skip"], default="shift")
-    ambiguous = serializers.ChoiceField(choices=["first", "last", "both"], default="first")
+    nonexistent = serializers.ChoiceField(choices=NONEXISTENT_POLICIES, default="shift")
+    ambiguous = serializers.ChoiceField(choices=AMBIGUOUS_POLICIES, default="first")
+
+
+class DstPolicyChange(StrictSerializer):
+    """PATCH: only the keys sent change (no defaults: ``{"ambiguous": "last"}``
+    must not reset ``nonexistent`` to ``shift``)."""
+
+    nonexistent = serializers.ChoiceField(choices=NONEXISTENT_POLICIES, required=False)
+    ambiguous = serializers.ChoiceField(choices=AMBIGUOUS_POLICIES, required=False)
+
+
+class DstPolicyOutput(serializers.Serializer):
+    nonexistent = serializers.ChoiceField(source="dst_nonexistent", choices=NONEXISTENT_POLICIES)
+    ambiguous = serializers.ChoiceField(source="dst_ambiguous", choices=AMBIGUOUS_POLICIES)
 
 
 class RecurringInput(StrictSerializer):
@@ -240,7 +283,7 @@ class RecurringInput(StrictSerializer):
     jitter_seconds = StrictIntegerField(required=False, min_value=0, max_value=3600, default=0)
     dst_policy = DstPolicy(required=False)
     missed_run_policy = serializers.ChoiceField(
-        choices=["skip", "run_once", "run_all"], required=False, default="skip"
+        choices=MISSED_RUN_POLICIES, required=False, default="skip"
     )
     max_catch_up = StrictIntegerField(required=False, min_value=1, max_value=1000, default=10)
     max_consecutive_failures = StrictIntegerField(
@@ -249,9 +292,7 @@ class RecurringInput(StrictSerializer):
 
     def validate(self, attrs):
         if ("cron" in attrs) == ("interval_seconds" in attrs):
-            raise serializers.ValidationError(
-                {"cron": ["Give exactly one of cron or interval_seconds."]}
-            )
+            raise serializers.ValidationError({"cron": [ONE_OF_CRON_OR_INTERVAL]})
         return attrs
 
 
@@ -263,10 +304,8 @@ class RecurringUpdateInput(StrictSerializer):
         required=False, allow_null=True, min_value=1, max_value=1_000_000
     )
     jitter_seconds = StrictIntegerField(required=False, min_value=0, max_value=3600)
-    dst_policy = DstPolicy(required=False)
-    missed_run_policy = serializers.ChoiceField(
-        choices=["skip", "run_once", "run_all"], required=False
-    )
+    dst_policy = DstPolicyChange(required=False)
+    missed_run_policy = serializers.ChoiceField(choices=MISSED_RUN_POLICIES, required=False)
     max_catch_up = StrictIntegerField(required=False, min_value=1, max_value=1000)
     max_consecutive_failures = StrictIntegerField(required=False, min_value=1, max_value=100)
 
@@ -289,20 +328,17 @@ class RecurringOutput(serializers.Serializer):
     end_time = serializers.DateTimeField(allow_null=True)
     max_occurrences = serializers.IntegerField(allow_null=True)
     jitter_seconds = serializers.IntegerField()
-    dst_policy = serializers.SerializerMethodField()
-    missed_run_policy = serializers.CharField()
+    dst_policy = DstPolicyOutput(source="*")
+    missed_run_policy = serializers.ChoiceField(choices=MISSED_RUN_POLICIES)
     max_catch_up = serializers.IntegerField()
     max_consecutive_failures = serializers.IntegerField()
-    status = serializers.CharField()
+    status = serializers.ChoiceField(choices=RecurringStatus.choices)
     status_reason = serializers.CharField()
     next_run_at = serializers.DateTimeField(allow_null=True)
     upcoming = serializers.SerializerMethodField()
     occurrences_run = serializers.IntegerField()
     consecutive_failures = serializers.IntegerField()
     created_at = serializers.DateTimeField()
-
-    def get_dst_policy(self, obj) -> dict:
-        return {"nonexistent": obj.dst_nonexistent, "ambiguous": obj.dst_ambiguous}
 
     def get_upcoming(self, obj) -> list[str]:
         from ..recurrence import InvalidSchedule
@@ -335,7 +371,9 @@ class OccurrenceOutput(serializers.Serializer):
     )
     reason = serializers.CharField()
     payment_id = serializers.UUIDField(allow_null=True)
-    payment_status = serializers.CharField(source="payment.status", allow_null=True, default=None)
+    payment_status = serializers.ChoiceField(
+        source="payment.status", choices=PaymentStatus.choices, allow_null=True, default=None
+    )
 
 
 class OccurrenceListOutput(serializers.Serializer):
@@ -346,9 +384,7 @@ class OccurrenceListOutput(serializers.Serializer):
 
 
 class RecurringListQuery(StrictSerializer):
-    status = serializers.ChoiceField(
-        required=False, choices=["active", "paused", "ended", "cancelled"]
-    )
+    status = serializers.ChoiceField(required=False, choices=RecurringStatus.choices)
     limit = serializers.IntegerField(required=False, min_value=1, max_value=100, default=20)
     cursor = serializers.CharField(required=False, max_length=200)
 
@@ -376,7 +412,7 @@ class WebhookEndpointUpdateInput(StrictSerializer):
 class WebhookEndpointOutput(serializers.Serializer):
     webhook_endpoint_id = serializers.UUIDField(source="id")
     url = serializers.URLField()
-    event_types = serializers.ListField(child=serializers.CharField())
+    event_types = serializers.ListField(child=serializers.ChoiceField(choices=EVENT_TYPES))
     is_active = serializers.BooleanField()
     created_at = serializers.DateTimeField()
 
@@ -401,8 +437,8 @@ class WebhookEndpointListOutput(serializers.Serializer):
 
 class WebhookDeliveryOutput(serializers.Serializer):
     delivery_id = serializers.UUIDField(source="id")
-    event_type = serializers.CharField()
-    status = serializers.CharField()
+    event_type = serializers.ChoiceField(choices=EVENT_TYPES)
+    status = serializers.ChoiceField(choices=DeliveryStatus.choices)
     attempts = serializers.IntegerField()
     last_status_code = serializers.IntegerField(allow_null=True)
     last_error = serializers.CharField(

@@ -32,18 +32,21 @@ urlpatterns = [
         recurring.RecurringDetailView.as_view(),
         name="recurring-detail",
     ),
-    *[
-        path(
-            f"recurring-payments/<str:recurring_id>/{action}",
-            type(
-                f"Recurring{action.title()}View",
-                (recurring.RecurringActionView,),
-                {"action_name": action},
-            ).as_view(),
-            name=f"recurring-{action}",
-        )
-        for action in ("pause", "resume", "cancel")
-    ],
+    path(
+        "recurring-payments/<str:recurring_id>/pause",
+        recurring.RecurringPauseView.as_view(),
+        name="recurring-pause",
+    ),
+    path(
+        "recurring-payments/<str:recurring_id>/resume",
+        recurring.RecurringResumeView.as_view(),
+        name="recurring-resume",
+    ),
+    path(
+        "recurring-payments/<str:recurring_id>/cancel",
+        recurring.RecurringCancelView.as_view(),
+        name="recurring-cancel",
+    ),
     path(
         "recurring-payments/<str:recurring_id>/occurrences",
         recurring.RecurringOccurrencesView.as_view(),

@@ -7,16 +7,11 @@ client's payment or account is simply not found (404), on every path.
 from __future__ import annotations
 
 import functools
-import hmac
 import uuid
 
-from django.conf import settings
 from django.db import transaction
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers, status
-from rest_framework.exceptions import APIException
-from rest_framework.permissions import BasePermission
+from rest_framework.exceptions import APIException, UnsupportedMediaType
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -33,18 +28,15 @@ from ..idempotency import (
 )
 from ..models import Actor
 from . import serializers as s
-from .auth import InternalRateThrottle
+from .auth import InternalRateThrottle, InternalTokenAuthentication, IsInternalCaller
+from .schema import api_operation
 from .serializers import StrictSerializer
 
-IDEMPOTENCY_HEADER = OpenApiParameter(
-    "Idempotency-Key",
-    {"type": "string", "minLength": 1, "maxLength": 255},
-    OpenApiParameter.HEADER,
-    description="Retry-safe key (1 to 255 chars), kept 24 h, scoped to the client.",
-)
-ERROR = OpenApiResponse(
-    response=OpenApiTypes.OBJECT, description='{"error": {"code", "message", "details"}}'
-)
+# Business refusals of scheduling, on top of input validation.
+SCHEDULE_ERRORS = {
+    404: ["not_found"],
+    422: ["insufficient_funds", "account_not_found", "account_not_active"],
+}
 
 
 def idempotent(handler=None, *, stored_body=None):
@@ -91,8 +83,16 @@ def idempotent(handler=None, *, stored_body=None):
                 body = response.data if stored_body is None else stored_body(response.data)
                 idempotency_complete(record=claim.record, status=response.status_code, body=body)
             return response
+        except UnsupportedMediaType:
+            # The body was never read, so nothing ran: the corrected request
+            # (sent as JSON) may use the same key.
+            idempotency_release(record=claim.record)
+            raise
         except (LedgerError, APIException) as exc:
             response = view.handle_exception(exc)
+            if response.status_code >= 500:  # a bug, not a refusal: free the key
+                idempotency_release(record=claim.record)
+                return response
             with transaction.atomic():
                 idempotency_complete(
                     record=claim.record, status=response.status_code, body=response.data
@@ -119,12 +119,13 @@ def parse_payment_id(raw: str) -> uuid.UUID:
 
 
 class PaymentScheduleView(APIView):
-    @extend_schema(
+    @api_operation(
         operation_id="payments_schedule",
         summary="Schedule a payment",
         request=s.ScheduleInput,
-        parameters=[IDEMPOTENCY_HEADER],
-        responses={201: s.PaymentOutput, 400: ERROR, 404: ERROR, 409: ERROR, 422: ERROR},
+        idempotent=True,
+        responses={201: s.PaymentOutput},
+        errors=SCHEDULE_ERRORS,
     )
     @idempotent
     def post(self, request):
@@ -134,11 +135,12 @@ class PaymentScheduleView(APIView):
 
 
 class PaymentCollectionView(PaymentScheduleView):
-    @extend_schema(
+    @api_operation(
         operation_id="payments_list",
         summary="List payments, newest first",
         parameters=[s.ListQuery],
-        responses={200: s.PaymentListOutput, 400: ERROR},
+        responses={200: s.PaymentListOutput},
+        errors={400: ["validation_error"]},
     )
     def get(self, request):
         query = parse(s.ListQuery, request.query_params.dict())
@@ -147,30 +149,42 @@ class PaymentCollectionView(PaymentScheduleView):
             {"payments": s.PaymentOutput(payments, many=True).data, "next_cursor": next_cursor}
         )
 
-    @extend_schema(
+    @api_operation(
         operation_id="payments_create",
         summary="Schedule a payment (same as /payments/schedule)",
         request=s.ScheduleInput,
-        parameters=[IDEMPOTENCY_HEADER],
-        responses={201: s.PaymentOutput, 400: ERROR, 404: ERROR, 409: ERROR, 422: ERROR},
+        idempotent=True,
+        responses={201: s.PaymentOutput},
+        errors=SCHEDULE_ERRORS,
     )
     def post(self, request):
         return super().post(request)
 
 
 class PaymentDetailView(APIView):
-    @extend_schema(summary="Get a payment", responses={200: s.PaymentOutput, 404: ERROR})
+    @api_operation(
+        operation_id="payments_retrieve",
+        summary="Get a payment",
+        responses={200: s.PaymentOutput},
+        errors={404: ["not_found"]},
+    )
     def get(self, request, payment_id):
         payment = selectors.payment_get(
             client=request.user, payment_id=parse_payment_id(payment_id)
         )
         return Response(s.PaymentOutput(payment).data)
 
-    @extend_schema(
+    @api_operation(
+        operation_id="payments_update",
         summary="Reschedule, change amount or description before execution",
         request=s.UpdateInput,
-        parameters=[IDEMPOTENCY_HEADER],
-        responses={200: s.PaymentOutput, 400: ERROR, 404: ERROR, 409: ERROR, 422: ERROR},
+        idempotent=True,
+        responses={200: s.PaymentOutput},
+        errors={
+            404: ["not_found"],
+            409: ["payment_not_modifiable"],
+            422: ["insufficient_funds"],
+        },
     )
     @idempotent
     def patch(self, request, payment_id):
@@ -181,6 +195,9 @@ class PaymentDetailView(APIView):
             payment_id=pid, client=request.user, actor_user=request.user, **data
         )
         return Response(s.PaymentOutput(payment).data)
+
+
+CANCEL_ERRORS = {404: ["not_found"], 409: ["payment_not_cancellable"]}
 
 
 class PaymentCancelView(APIView):
@@ -199,23 +216,24 @@ class PaymentCancelView(APIView):
             {"success": True, "status": payment.status, "payment": s.PaymentOutput(payment).data}
         )
 
-    @extend_schema(
+    @api_operation(
         operation_id="payments_cancel_delete",
         summary="Cancel a payment",
-        request=None,
-        parameters=[IDEMPOTENCY_HEADER],
-        responses={200: s.CancelOutput, 404: ERROR, 409: ERROR},
+        idempotent=True,
+        responses={200: s.CancelOutput},
+        errors=CANCEL_ERRORS,
     )
     @idempotent
     def delete(self, request, payment_id):
         return self._cancel(request, payment_id)
 
-    @extend_schema(
+    @api_operation(
         operation_id="payments_cancel",
-        summary="Cancel a payment",
+        summary="Cancel a payment (optionally with a reason)",
         request=s.CancelInput,
-        parameters=[IDEMPOTENCY_HEADER],
-        responses={200: s.CancelOutput, 404: ERROR, 409: ERROR},
+        idempotent=True,
+        responses={200: s.CancelOutput},
+        errors=CANCEL_ERRORS,
     )
     @idempotent
     def post(self, request, payment_id):
@@ -223,8 +241,11 @@ class PaymentCancelView(APIView):
 
 
 class PaymentEventsView(APIView):
-    @extend_schema(
-        summary="Audit trail of a payment", responses={200: s.EventListOutput, 404: ERROR}
+    @api_operation(
+        operation_id="payments_events",
+        summary="Audit trail of a payment",
+        responses={200: s.EventListOutput},
+        errors={404: ["not_found"]},
     )
     def get(self, request, payment_id):
         payment = selectors.payment_get(
@@ -235,8 +256,11 @@ class PaymentEventsView(APIView):
 
 
 class PaymentAttemptsView(APIView):
-    @extend_schema(
-        summary="Execution attempts of a payment", responses={200: s.AttemptListOutput, 404: ERROR}
+    @api_operation(
+        operation_id="payments_attempts",
+        summary="Execution attempts of a payment",
+        responses={200: s.AttemptListOutput},
+        errors={404: ["not_found"]},
     )
     def get(self, request, payment_id):
         payment = selectors.payment_get(
@@ -254,7 +278,7 @@ def owned_account(request, account_id: int):
 
 
 class AccountListView(APIView):
-    @extend_schema(
+    @api_operation(
         operation_id="accounts_list", summary="Your accounts", responses={200: s.AccountListOutput}
     )
     def get(self, request):
@@ -263,18 +287,23 @@ class AccountListView(APIView):
 
 
 class AccountDetailView(APIView):
-    @extend_schema(
-        summary="An account: balance, held, available", responses={200: s.AccountOutput, 404: ERROR}
+    @api_operation(
+        operation_id="accounts_retrieve",
+        summary="An account: balance, held, available, max_payment_amount",
+        responses={200: s.AccountOutput},
+        errors={404: ["not_found"]},
     )
     def get(self, request, account_id: int):
         return Response(s.AccountOutput(owned_account(request, account_id)).data)
 
 
 class AccountTransactionsView(APIView):
-    @extend_schema(
+    @api_operation(
+        operation_id="accounts_transactions",
         summary="Ledger statement with running balance, newest first",
         parameters=[s.StatementQuery],
-        responses={200: s.StatementOutput, 400: ERROR, 404: ERROR},
+        responses={200: s.StatementOutput},
+        errors={400: ["validation_error"], 404: ["not_found"]},
     )
     def get(self, request, account_id: int):
         account = owned_account(request, account_id)
@@ -300,23 +329,19 @@ class InternalExecuteInput(StrictSerializer):
     execution_id = serializers.CharField(min_length=1, max_length=100)
 
 
-class InternalAuthPermission(BasePermission):
-    """``X-Internal-Auth`` must equal ``INTERNAL_API_TOKEN`` (unset: the path is disabled)."""
-
-    def has_permission(self, request, view):
-        expected = settings.INTERNAL_API_TOKEN
-        given = request.headers.get("X-Internal-Auth", "")
-        if not expected or not hmac.compare_digest(given.encode(), expected.encode()):
-            raise NotFound("Not found.")
-        return True
+class InternalExecuteOutput(s.PaymentOutput):
+    execution_id = serializers.CharField(help_text="As sent.")
 
 
 class InternalExecuteView(APIView):
     """Operator trigger: execute a due payment now. Idempotent: a repeat returns the outcome."""
 
-    authentication_classes: list = []
-    permission_classes = [InternalAuthPermission]
+    authentication_classes = [InternalTokenAuthentication]
+    permission_classes = [IsInternalCaller]
     throttle_classes = [InternalRateThrottle]
+
+    def perform_authentication(self, request):
+        """Lazy: X-Internal-Auth is checked with the permission, after the throttle."""
 
     def check_permissions(self, request):
         """Throttle first: a caller guessing X-Internal-Auth is throttled too
@@ -327,16 +352,15 @@ class InternalExecuteView(APIView):
     def check_throttles(self, request):
         """Already checked, before the permission (see ``check_permissions``)."""
 
-    @extend_schema(
+    @api_operation(
         operation_id="internal_payment_execute",
         summary="Execute a due payment now (operators; X-Internal-Auth)",
+        description="Disabled (404) unless INTERNAL_API_TOKEN is set; a missing or wrong "
+        "X-Internal-Auth is a 404 too. Repeating it returns the payment's outcome.",
         request=InternalExecuteInput,
-        parameters=[
-            OpenApiParameter(
-                "X-Internal-Auth", OpenApiTypes.STR, OpenApiParameter.HEADER, required=True
-            )
-        ],
-        responses={200: s.PaymentOutput, 404: ERROR, 409: ERROR},
+        bearer=False,
+        responses={200: InternalExecuteOutput},
+        errors={404: ["not_found"], 409: ["payment_not_due"]},
     )
     def post(self, request, payment_id):
         data = parse(InternalExecuteInput, request.data)

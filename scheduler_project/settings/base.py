@@ -15,10 +15,16 @@ import environ
 from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
-VAR_DIR = Path(environ.Env().str("VAR_DIR", default=str(BASE_DIR / "var")))
 
 env = environ.Env()
-environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
+# ``.env`` (``scripts/dev`` writes one on its first run) fills in what the real
+# environment leaves unset, so every ``manage.py`` command in a second terminal
+# sees the same DEBUG and SECRET_KEY as the running service. ENV_FILE names
+# another file; ENV_FILE="" reads none (the test settings).
+ENV_FILE = env.str("ENV_FILE", default=str(BASE_DIR / ".env"))
+if ENV_FILE:
+    environ.Env.read_env(ENV_FILE, overwrite=False)
+VAR_DIR = Path(env.str("VAR_DIR", default=str(BASE_DIR / "var")))
 
 DEBUG = env.bool("DEBUG", default=False)
 
@@ -65,6 +71,10 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    "django.contrib.humanize",  # intcomma: counts on the operations page
+    # runserver leaves static files to WhiteNoise too, so development serves
+    # them the way production does (Cookiecutter Django's local settings).
+    "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
     "django_prometheus",
     "rest_framework",
@@ -78,7 +88,14 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
+    # Outermost of ours: Django's own 400/403/404 pages under /api/ become JSON
+    # errors, with DEBUG on too.
+    "payments.middleware.ApiJsonErrorsMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # Static files (admin CSS/JS, the API docs' Swagger UI bundle) from the web
+    # process itself, as Cookiecutter Django does: right after SecurityMiddleware
+    # (HTTPS redirect and headers first), before anything that needs a session.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     # Before anything reads the body: an oversized API request is a 413 at once.
     "payments.middleware.ApiBodyLimitMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -189,9 +206,27 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
+# Times in the admin and templates: "2026-11-23 21:13:29 UTC" (scheduler_project.formats).
+FORMAT_MODULE_PATH = ["scheduler_project.formats"]
 
+# Static files are served by WhiteNoise (middleware above) in every mode, so
+# gunicorn with DEBUG off serves the admin's CSS and the API docs' bundle
+# without a separate web server. Production (DEBUG off) serves what
+# `manage.py collectstatic` gathered into STATIC_ROOT (the image runs it at
+# build time), under content-hashed names with gzip/brotli copies and
+# far-future cache headers; a template naming a file collectstatic did not
+# see fails loudly. With DEBUG on (runserver, scripts/dev) files come straight
+# from the apps and nothing needs collecting.
 STATIC_URL = "static/"
-STATIC_ROOT = VAR_DIR / "static"
+STATIC_ROOT = Path(env.str("STATIC_ROOT", default=str(VAR_DIR / "static")))
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"
+        if DEBUG
+        else "whitenoise.storage.CompressedManifestStaticFilesStorage"
+    },
+}
 
 
 # --- API ------------------------------------------------------------------
@@ -213,6 +248,9 @@ REST_FRAMEWORK = {
     # DRF's JSON parser plus a 400 for JSON that PostgreSQL or UTF-8 cannot carry.
     "DEFAULT_PARSER_CLASSES": ["payments.api.parsers.JSONParser"],
     "EXCEPTION_HANDLER": "payments.api.errors.exception_handler",
+    # Every timestamp in UTC with microseconds, always written out
+    # (payments.clock.ISO_TIMESTAMP_FORMAT; TIME_ZONE is UTC and never switched).
+    "DATETIME_FORMAT": "%Y-%m-%dT%H:%M:%S.%fZ",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
@@ -236,6 +274,14 @@ SPECTACULAR_SETTINGS = {
         "PaymentStatusEnum": "payments.models.PaymentStatus",
         "OccurrenceStatusEnum": "payments.models.OCCURRENCE_OUTCOMES",
         "RecurringStatusEnum": "payments.models.RecurringStatus",
+        "AccountStatusEnum": "ledger.models.AccountStatus",
+        "WebhookDeliveryStatusEnum": "payments.models.DeliveryStatus",
+        "WebhookEventTypeEnum": "payments.webhooks.EVENT_TYPES",
+        "ErrorCodeEnum": "payments.api.errors.ERROR_CODES",
+        "EntryKindEnum": "ledger.models.EntryKind",
+        "AttemptOutcomeEnum": "payments.models.AttemptOutcome",
+        "PaymentEventActorEnum": "payments.models.Actor",
+        "PaymentEventTypeEnum": "payments.models.PAYMENT_EVENT_TYPES",
     },
     # The bearerAuth security scheme comes from payments.api.auth.BearerTokenScheme.
 }
@@ -537,5 +583,8 @@ LOGGING = {
             name: {"level": "INFO" if env.bool("LOG_CELERY_TASKS", default=False) else "WARNING"}
             for name in ("celery.beat", "celery.worker.strategy", "celery.app.trace")
         },
+        # django-axes announces its version and mode at every process start and
+        # every manage.py command; its lockouts are WARNINGs and still show.
+        "axes": {"level": "WARNING"},
     },
 }

@@ -1,4 +1,5 @@
 import json
+import re
 from io import StringIO
 
 import pytest
@@ -19,6 +20,16 @@ def admin_client(client):
     return client
 
 
+def statement_rows(html: str) -> list[list[str]]:
+    """Cells of the account statement table, newest first."""
+    table = re.search(r'<table class="statement".*?</table>', html, re.S).group(0)
+    body = table.split("<tbody>", 1)[1]
+    return [
+        [cell.strip() for cell in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
+        for row in re.findall(r"<tr>(.*?)</tr>", body, re.S)
+    ]
+
+
 def test_pages_render_and_money_is_read_only(admin_client):
     a, b = AccountFactory(funded=500), AccountFactory()
     entry = ledger.transfer_post(from_account_id=a.pk, to_account_id=b.pk, amount=200)
@@ -29,7 +40,12 @@ def test_pages_render_and_money_is_read_only(admin_client):
     assert page.status_code == 200
     form_fields = page.context["adminform"].form.fields
     assert "balance" not in form_fields and "held" not in form_fields
-    assert "-200 → 300" in page.content.decode()  # the statement
+    rows = statement_rows(page.content.decode())
+    assert [row[1:4] for row in rows] == [["-200", "300", "Transfer"], ["+500", "500", "Deposit"]]
+    assert rows[0][4] == (
+        f'<a href="/admin/ledger/journalentry/{entry.pk}/change/">entry #{entry.pk}</a>'
+    )
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", row[0]) for row in rows)
     for name, pk in (("hold", hold.pk), ("journalentry", entry.pk)):
         page = admin_client.get(reverse(f"admin:ledger_{name}_change", args=[pk]))
         assert page.status_code == 200

@@ -91,3 +91,22 @@ def test_tasks_are_routed_to_the_pool_meant_for_them():
     # beat's stored schedule agrees with the routing
     for _, task, _, _, queue in PERIODIC_TASKS:
         assert queue == routes.get(task, "default"), task
+
+
+def test_compose_shares_one_metrics_directory_emptied_at_start():
+    """Every app container writes its Prometheus files to one shared volume, so web's
+    /metrics adds up the workers' counters; migrate (which every other container
+    waits for) empties it first."""
+    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    apps = {name: s for name, s in services.items() if s.get("image") == services["web"]["image"]}
+    assert {"web", "worker", "timers", "recurring", "webhooks", "beat", "migrate"} <= set(apps)
+    for name, service in apps.items():
+        directory = service["environment"]["PROMETHEUS_MULTIPROC_DIR"]
+        assert f"metrics:{directory}" in service["volumes"], name
+        if name != "migrate":
+            assert service["depends_on"]["migrate"]["condition"] == (
+                "service_completed_successfully"
+            ), name
+    empty = " ".join(apps["migrate"]["command"])
+    assert f"find {directory}" in empty and "-delete" in empty
+    assert empty.index("-delete") < empty.index("migrate --noinput")

@@ -4,6 +4,7 @@ from datetime import timedelta
 from uuid import uuid4
 
 import pytest
+from django.db import transaction
 from django.utils import timezone
 
 from ledger import services as ledger
@@ -153,7 +154,9 @@ def test_schedule_same_account(alice):
 def test_schedule_above_account_limit(alice):
     Account.objects.filter(pk=alice.account.pk).update(max_payment_amount=50)
     err = error(alice.schedule(amount=51), 400, "validation_error")
-    assert err["details"]["fields"] == {"amount": ["at most 50"]}
+    assert err["details"]["fields"] == {
+        "amount": ["Must be at most 50, this account's max_payment_amount."]
+    }
     assert alice.schedule(amount=50).status_code == 201
 
 
@@ -350,6 +353,35 @@ def test_cancel_queued_payment_bumps_fence(alice):
     assert payment.status == "CANCELLED" and payment.fence == 4
 
 
+def test_cancel_queued_payment_releases_its_hold(alice):
+    """A payment the sweeper has already claimed (QUEUED, leased, message on its
+    way): cancelling it releases the hold, and the message that arrives later
+    moves no money."""
+    from payments import execution, scheduling
+    from tests.payments.engine import make_due
+
+    payment_id = alice.schedule(amount=300).json()["payment_id"]
+    make_due(payment_id)
+    with transaction.atomic():
+        (claim,) = scheduling._claim_batch(10)
+    assert Payment.objects.get(pk=payment_id).status == "QUEUED"
+    assert held(alice.account) == 300
+    response = alice.api.delete(f"/api/v1/payments/{payment_id}/cancel")
+    assert response.status_code == 200 and response.json()["status"] == "CANCELLED"
+    payment = Payment.objects.get(pk=payment_id)
+    assert payment.hold.status == "released" and held(alice.account) == 0
+    account = Account.objects.get(pk=alice.account.pk)
+    assert (account.balance, account.held) == (10_000, 0)
+    event = payment.events.get(type="cancelled")
+    assert (event.from_status, event.to_status) == ("QUEUED", "CANCELLED")
+    execution.execute_chunk([(claim.payment_id, claim.fence)])  # the late message
+    payment.refresh_from_db()
+    assert payment.status == "CANCELLED" and payment.journal_entry_id is None
+    assert not JournalEntry.objects.filter(reference=f"payment:{payment_id}").exists()
+    assert Account.objects.get(pk=alice.other_account.pk).balance == 0
+    assert held(alice.account) == 0
+
+
 # --- update --------------------------------------------------------------------
 
 
@@ -385,6 +417,17 @@ def test_patch_amount_beyond_funds_changes_nothing(alice):
     assert alice.api.patch(url, {"amount": 10_000}, format="json").status_code == 200
 
 
+def rows():
+    """Everything a PATCH could write: payments, holds, accounts, events."""
+    return (
+        list(Payment.objects.order_by("pk").values()),
+        list(Hold.objects.order_by("pk").values()),
+        list(Account.objects.order_by("pk").values("pk", "balance", "held", "version")),
+        list(PaymentEvent.objects.order_by("pk").values_list("pk", "type")),
+    )
+
+
+@pytest.mark.parametrize("key", [None, "patch-400"])
 @pytest.mark.parametrize(
     "body",
     [
@@ -393,15 +436,28 @@ def test_patch_amount_beyond_funds_changes_nothing(alice):
         {"delay_seconds": 0},
         {"status": "COMPLETED"},
         {"delay_seconds": 5, "scheduled_time": "2030-01-01T00:00:00Z"},
+        # valid parts next to an invalid one: nothing of them is applied
+        {"amount": 500, "description": "x" * 256},
+        {"delay_seconds": 7200, "status": "COMPLETED"},
+        {"amount": 1_000_001, "delay_seconds": 7200},  # over max_payment_amount
+        # the amount passes and swaps the hold before the time is refused
+        # (by the service, inside its transaction): the swap is rolled back
+        {"amount": 500, "delay_seconds": 0},
+        {"amount": 500, "delay_seconds": 366 * 24 * 3600},
+        {"amount": 500, "description": "y", "scheduled_time": "2020-01-01T00:00:00Z"},
     ],
 )
-def test_patch_validation(alice, body):
-    payment_id = alice.schedule().json()["payment_id"]
+def test_patch_400_writes_nothing(alice, body, key):
+    payment_id = alice.schedule(amount=100).json()["payment_id"]
+    before = rows()
+    headers = {"Idempotency-Key": key} if key else {}
     error(
-        alice.api.patch(f"/api/v1/payments/{payment_id}", body, format="json"),
+        alice.api.patch(f"/api/v1/payments/{payment_id}", body, format="json", headers=headers),
         400,
         "validation_error",
     )
+    assert rows() == before  # no event; due_at, amount, hold, updated_at unchanged
+    assert held(alice.account) == 100
 
 
 def test_reschedule_queued_payment_returns_it_to_pending_with_new_fence(alice):

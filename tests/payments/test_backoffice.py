@@ -53,6 +53,78 @@ def test_support_finds_payment_by_id_account_and_owner(support, alice):
     assert pid in page.content.decode()
 
 
+def result_rows(html: str) -> list[dict[str, str]]:
+    """The changelist's rows as {column class: cell text}."""
+    table = re.search(r'<table id="result_list">.*?</table>', html, re.S).group(0)
+    rows = []
+    for row in re.findall(r"<tr>(.*?)</tr>", table.split("<tbody>", 1)[1], re.S):
+        cells = re.findall(r'<t[dh] class="field-(\w+)[^"]*">(.*?)</t[dh]>', row, re.S)
+        rows.append({name: re.sub(r"<[^>]+>", "", text).strip() for name, text in cells})
+    return rows
+
+
+TIME = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"
+
+
+def test_payment_list_newest_due_first_with_short_ids_times_and_lateness(
+    support, alice, monkeypatch
+):
+    early, late, later = (
+        alice.schedule(amount=10, delay_seconds=s).json()["payment_id"] for s in (60, 600, 7200)
+    )
+    make_due(early, seconds_ago=2)
+    _, published = sweep(monkeypatch)
+    execution.execute_chunk(published.items())
+    executed = Payment.objects.get(pk=early)
+    assert executed.status == "COMPLETED"
+
+    page = support.get(reverse("admin:payments_payment_changelist"))
+    rows = result_rows(page.content.decode())
+    assert [row["short_id"] for row in rows] == [pid[:8] for pid in (later, late, early)]
+    assert f'title="{later}"' in page.content.decode()  # the whole id on hover
+    assert rows[0]["from_link"] == f"#{alice.account.pk}"
+    for row in rows:
+        assert re.fullmatch(TIME, row["due_at"]), row
+    assert re.fullmatch(TIME, rows[2]["executed_at"])
+    expected = (executed.executed_at - executed.due_at).total_seconds() * 1000
+    assert rows[2]["late_by"] == f"{expected:,.1f} ms"
+    assert rows[0]["late_by"] == rows[0]["executed_at"] == "-"
+
+    # The short id the list shows finds its payment; an account id still finds its payments.
+    url = reverse("admin:payments_payment_changelist")
+    found = result_rows(support.get(url, {"q": late[:8]}).content.decode())
+    assert [row["short_id"] for row in found] == [late[:8]]
+    found = result_rows(support.get(url, {"q": str(alice.account.pk)}).content.decode())
+    assert len(found) == 3
+
+
+def test_payment_page_and_statement_show_times_to_the_second_and_link_the_payment(
+    support, alice, monkeypatch
+):
+    pid = alice.schedule(amount=70, description="rent").json()["payment_id"]
+    make_due(pid)
+    _, published = sweep(monkeypatch)
+    execution.execute_chunk(published.items())
+
+    page = support.get(reverse("admin:payments_payment_change", args=[pid])).content.decode()
+    due = re.search(r'field-due_at.*?<div class="readonly">(.*?)</div>', page, re.S).group(1)
+    assert re.fullmatch(TIME, due)
+    events = re.search(r'id="events-group".*', page, re.S).group(0)
+    assert re.search(TIME, events)
+
+    html = support.get(
+        reverse("admin:ledger_account_change", args=[alice.other_account.pk])
+    ).content.decode()
+    table = re.search(r'<table class="statement".*?</table>', html, re.S).group(0)
+    headers = re.findall(r"<th[^>]*>(.*?)</th>", table)
+    assert headers == ["Time", "Amount", "Balance after", "Description", "Payment"]
+    (row,) = re.findall(r"<tr>(.*?)</tr>", table.split("<tbody>", 1)[1], re.S)
+    cells = [c.strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
+    assert re.fullmatch(TIME, cells[0]) and cells[1:4] == ["+70", "70", "rent"]
+    assert f'href="/admin/payments/payment/{pid}/change/"' in cells[4]
+    assert f"payment {pid[:8]}" in cells[4]
+
+
 def test_support_cancels_through_the_service_and_is_named_in_the_audit(support, alice):
     pid = alice.schedule(amount=300).json()["payment_id"]
     page = changelist_action(support, "payment", "cancel_payments", [pid])
@@ -158,6 +230,20 @@ def test_operations_page_renders_figures_and_charts(support, alice, monkeypatch)
     assert page.context["lateness"]["count"] == 2
     assert "clean" in html
     assert len(re.findall(r'<rect class="bar"', html)) >= 60
+    charts = {chart["id"]: chart for chart in page.context["charts"]}
+    for chart in charts.values():
+        assert chart["title"] and chart["x_label"] and chart["y_label"], chart
+        assert f">{chart['title']}</figcaption>" in html
+    executed = charts["executed-chart"]
+    assert executed["y_label"] == "payments per minute" and executed["total"] == 2
+    assert [t["label"] for t in executed["y_ticks"]] == ["0", "1", "2"]
+    assert [t["label"] for t in executed["x_ticks"]] == ["50", "40", "30", "20", "10", "0"]
+    assert [t["label"] for t in charts["backlog-chart"]["x_ticks"]] == list(page.context["backlog"])
+    # One number format: milliseconds with one decimal.
+    for quantile, text in page.context["lateness_ms"].items():
+        assert re.fullmatch(r"[\d,]+\.\d ms", text), (quantile, text)
+    assert re.fullmatch(r"[\d,]+\.\d ms", page.context["reconciliation_duration"])
+    assert page.context["reconciliation_duration"] == "100.0 ms"
     assert support.get("/admin/").content.decode().count("/admin/operations/") == 1
 
 

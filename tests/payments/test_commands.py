@@ -34,6 +34,7 @@ def test_create_api_client_json_contract():
         call_command("create_api_client", "acme", "--json", stdout=StringIO())
 
 
+@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_create_api_client_json_is_the_only_stdout_in_a_real_process():
     """Operators pipe it into jq: nothing but the JSON object may reach stdout."""
@@ -54,8 +55,9 @@ def test_create_api_client_json_is_the_only_stdout_in_a_real_process():
     assert result["username"] == "scripted" and len(result["account_ids"]) == 1
 
 
-def test_seed_demo_is_idempotent(settings):
+def test_seed_demo_is_idempotent(settings, tmp_path):
     settings.DEBUG = True
+    settings.VAR_DIR = tmp_path
     out = StringIO()
     call_command("seed_demo", stdout=out)
     call_command("seed_demo", stdout=out)

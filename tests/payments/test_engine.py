@@ -1,6 +1,7 @@
 """The durable timer in-process: sweep, lease, fence, executor, reaper (DESIGN §4.1)."""
 
 import time
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -385,6 +386,7 @@ def _explain(sql: str, params: dict) -> dict:
         return cursor.fetchone()[0][0]["Plan"]
 
 
+@pytest.mark.postgres
 def test_idle_sweep_and_reaper_do_not_scan_far_future_rows(alice):
     """The cutoff must be an index condition, not a filter over every pending row.
 
@@ -415,6 +417,7 @@ def test_idle_sweep_and_reaper_do_not_scan_far_future_rows(alice):
     assert Payment.objects.filter(status="QUEUED").count() == 500  # nothing claimed
 
 
+@pytest.mark.postgres
 def test_reconcile_orphan_check_uses_the_entry_index_with_stale_statistics(alice):
     """Right after a drain, before autovacuum re-analyzes, PostgreSQL believes no
     payment is COMPLETED and no ``payment:`` entry exists. The orphan check must
@@ -479,3 +482,111 @@ def test_catching_up_the_sweep_ticks_within_its_beat_interval(alice, monkeypatch
     monkeypatch.setattr(scheduling, "sweep_due", lambda: runs.append(1) or real())
     tasks.sweep()
     assert runs == [1]
+
+
+def test_without_lookahead_the_sweep_ticks_within_its_beat_interval(alice, monkeypatch, settings):
+    """With no lookahead nothing is ever claimed ahead of its time, so the sweep task
+    keeps ticking through its window: a payment falling due 300 ms in is claimed in
+    the same run."""
+    from payments import tasks
+
+    settings.PAYMENT_LOOKAHEAD_SECONDS = 0
+    settings.PAYMENT_SWEEP_TICK_MS = 50
+    settings.PAYMENT_SWEEP_WINDOW_SECONDS = 0.8
+    (soon,) = schedule(alice, 1)
+    due = db_now() + timedelta(milliseconds=300)
+    Payment.objects.filter(pk=soon).update(due_at=due, run_at=due)
+    published = capture_publish(monkeypatch)
+    runs = []
+    real = scheduling.sweep_due
+    monkeypatch.setattr(scheduling, "sweep_due", lambda: runs.append(1) or real())
+    result = tasks.sweep()
+    assert result["claimed"] == 1 and published.items()[0][0] == soon
+    assert len(runs) > 1
+    assert Payment.objects.get(pk=soon).executed_at is None  # claimed, not executed early
+
+
+# --- reconcile_ledger's payment check ------------------------------------------
+
+
+def _payment_check(progress=None) -> dict:
+    report = reconcile(progress=progress) if progress else reconcile()
+    return next(c for c in report.as_dict()["checks"] if c["name"] == "payments_exactly_once")
+
+
+def test_reconcile_names_a_completed_payment_whose_entry_is_not_its_own(alice, monkeypatch):
+    """The corruption the check exists for: a COMPLETED payment pointing at
+    another entry (a bad manual fix), which leaves its own ``payment:`` entry
+    belonging to no payment."""
+    ids = schedule(alice, 2)
+    make_due(*ids)
+    _, published = sweep(monkeypatch)
+    assert sorted(execution.execute_chunk(published.items()).completed) == sorted(ids)
+    clean = _payment_check()
+    assert (clean["ok"], clean["rows_checked"], clean["mismatches"]) == (True, 2, [])
+
+    broken, _ = ids
+    own = JournalEntry.objects.get(reference=f"payment:{broken}")
+    other = ledger.transfer_post(
+        from_account_id=alice.account.pk,
+        to_account_id=alice.other_account.pk,
+        amount=1,
+        reference="manual fix",
+    )
+    Payment.objects.filter(pk=broken).update(journal_entry=other)
+    found = _payment_check()
+    assert found == {
+        "name": "payments_exactly_once",
+        "description": "every COMPLETED payment has exactly one journal entry "
+        "(payment:<id>); no other has one",
+        "ok": False,
+        "rows_checked": 2,
+        "mismatch_count": 2,
+        "mismatches": [
+            {
+                "message": f"payment {broken}: COMPLETED but its entry is 'manual fix'",
+                "payment_id": broken,
+                "reference": "manual fix",
+            },
+            {
+                "message": f"entry {own.pk} (payment:{broken}) belongs to no COMPLETED payment",
+                "entry_id": own.pk,
+                "reference": f"payment:{broken}",
+            },
+        ],
+    }
+
+
+def test_reconcile_payment_check_reports_progress_in_chunks_of_5000(alice):
+    """Exactly 5,000 COMPLETED payments: one chunk advanced inside the loop, none after."""
+    from tests.ledger.test_reconcile import Recorder
+
+    now = timezone.now()
+    with transaction.atomic():  # entries without postings: rolled back before any COMMIT
+        pids = [uuid.uuid4() for _ in range(5_000)]
+        entries = JournalEntry.objects.bulk_create(
+            JournalEntry(kind="transfer", reference=f"payment:{pid}") for pid in pids
+        )
+        Payment.objects.bulk_create(
+            Payment(
+                id=pid,
+                from_account=alice.account,
+                to_account=alice.other_account,
+                owner=alice.user,
+                amount=1,
+                due_at=now,
+                run_at=now,
+                partition=0,
+                status="COMPLETED",
+                executed_at=now,
+                journal_entry=entry,
+            )
+            for pid, entry in zip(pids, entries, strict=True)
+        )
+        recorder = Recorder()
+        found = _payment_check(recorder)
+        transaction.set_rollback(True)
+    assert (found["ok"], found["rows_checked"]) == (True, 5_000)
+    start = recorder.calls.index(("start", "payments_exactly_once", 5_000))
+    end = recorder.calls.index(("finish",), start)
+    assert recorder.calls[start + 1 : end] == [("advance", 5_000), ("advance", 0)]

@@ -1,15 +1,38 @@
 """Idempotency-Key with Stripe's semantics, including 20 concurrent requests on PostgreSQL."""
 
+import json
+import threading
 from datetime import timedelta
 
 import pytest
+import time_machine
+from django.db import IntegrityError, connection
 from django.utils import timezone
 from rest_framework.test import APIClient
 
 from ledger.models import Account, Hold
+from payments import services
+from payments.idempotency import (
+    idempotency_begin,
+    idempotency_complete,
+    idempotency_purge_expired,
+    idempotency_release,
+    request_fingerprint,
+)
 from payments.models import IdempotencyKey, IdempotencyStatus, Payment
 from tests.concurrency import run_in_threads
 from tests.payments.test_api import error
+
+SCHEDULE = "/api/v1/payments/schedule"
+
+
+def schedule_body(client, **overrides) -> dict:
+    return {
+        "from_account_id": client.account.pk,
+        "to_account_id": client.other_account.pk,
+        "amount": 100,
+        "delay_seconds": 60,
+    } | overrides
 
 
 @pytest.mark.django_db
@@ -26,11 +49,30 @@ class TestSemantics:
 
     def test_same_key_different_request_is_refused(self, alice):
         alice.schedule(headers={"Idempotency-Key": "k2"})
-        error(
+        refused = error(
             alice.schedule(amount=101, headers={"Idempotency-Key": "k2"}),
             422,
             "idempotency_key_reused",
         )
+        assert refused["message"] == (
+            "This Idempotency-Key was already used with a different request."
+        )
+        assert refused["details"] == {"key": "k2"}
+        assert Payment.objects.count() == 1
+
+    def test_same_body_with_keys_in_another_order_is_the_same_request(self, alice):
+        """The fingerprint is of the JSON's meaning, not of its key order."""
+        body = schedule_body(alice)
+        headers = {"Idempotency-Key": "ordered"}
+        first = alice.api.post(
+            SCHEDULE, json.dumps(body), content_type="application/json", headers=headers
+        )
+        reordered = json.dumps(dict(reversed(body.items())))
+        again = alice.api.post(
+            SCHEDULE, reordered, content_type="application/json", headers=headers
+        )
+        assert first.status_code == again.status_code == 201
+        assert again["Idempotent-Replayed"] == "true"
         assert Payment.objects.count() == 1
 
     def test_key_is_scoped_to_the_client(self, alice, bob):
@@ -61,7 +103,13 @@ class TestSemantics:
         }
         record.fingerprint = request_fingerprint("POST", "/api/v1/payments/schedule", body)
         record.save()
-        error(alice.schedule(headers={"Idempotency-Key": "busy"}), 409, "idempotency_key_in_use")
+        busy = error(
+            alice.schedule(headers={"Idempotency-Key": "busy"}), 409, "idempotency_key_in_use"
+        )
+        assert busy["message"] == (
+            "A request with this Idempotency-Key is in progress; retry later."
+        )
+        assert busy["details"] == {"key": "busy"}
         # a claim whose process died long ago is taken over
         IdempotencyKey.objects.filter(pk=record.pk).update(locked_at=now - timedelta(minutes=5))
         assert alice.schedule(headers={"Idempotency-Key": "busy"}).status_code == 201
@@ -92,6 +140,177 @@ class TestSemantics:
         error(
             alice.api.delete(url, headers={"Idempotency-Key": "c2"}), 409, "payment_not_cancellable"
         )
+
+    def test_key_used_on_one_payment_is_refused_on_another(self, alice):
+        """The fingerprint covers the path: cancelling payment B with the key that
+        cancelled A is a different request (422), not a replay of A's success."""
+        a = alice.schedule(amount=100).json()["payment_id"]
+        b = alice.schedule(amount=200).json()["payment_id"]
+        first = alice.api.delete(f"/api/v1/payments/{a}/cancel", headers={"Idempotency-Key": "k"})
+        assert first.status_code == 200 and first.json()["payment"]["payment_id"] == a
+        err = error(
+            alice.api.delete(f"/api/v1/payments/{b}/cancel", headers={"Idempotency-Key": "k"}),
+            422,
+            "idempotency_key_reused",
+        )
+        assert err["details"] == {"key": "k"}
+        payment = Payment.objects.get(pk=b)
+        assert payment.status == "PENDING" and payment.hold.status == "active"
+        assert Account.objects.get(pk=alice.account.pk).held == 200
+        assert not payment.events.filter(type="cancelled").exists()
+
+    def test_key_used_with_one_method_is_refused_with_another(self, alice):
+        """The fingerprint covers the method: the same path and (empty) body under
+        another method is a different request."""
+        pid = alice.schedule().json()["payment_id"]
+        url = f"/api/v1/payments/{pid}/cancel"
+        assert alice.api.delete(url, headers={"Idempotency-Key": "m"}).status_code == 200
+        error(alice.api.post(url, headers={"Idempotency-Key": "m"}), 422, "idempotency_key_reused")
+        replay = alice.api.delete(url, headers={"Idempotency-Key": "m"})
+        assert replay.status_code == 200 and replay["Idempotent-Replayed"] == "true"
+
+    def test_unexpected_error_frees_the_key_for_a_retry(self, alice, monkeypatch):
+        """A 500 after the service wrote its rows: the writes roll back with the
+        request and the key is released, so the client's retry with the same key
+        is executed (201, not replayed, not 409 in use)."""
+        from payments import services
+
+        real_schedule = services.payment_schedule
+        crashes = []
+
+        def schedule_then_crash(**kwargs):
+            payment = real_schedule(**kwargs)
+            if not crashes:
+                crashes.append(payment.pk)
+                raise RuntimeError("crash after the work, before the response is stored")
+            return payment
+
+        monkeypatch.setattr(services, "payment_schedule", schedule_then_crash)
+        crashed = alice.schedule(headers={"Idempotency-Key": "retry-me"})
+        error(crashed, 500, "internal_error")
+        assert crashes and not Payment.objects.filter(pk=crashes[0]).exists()
+        assert Payment.objects.count() == 0 and Hold.objects.count() == 0
+        retried = alice.schedule(headers={"Idempotency-Key": "retry-me"})
+        assert retried.status_code == 201, retried.content  # not 409 idempotency_key_in_use
+        assert "Idempotent-Replayed" not in retried
+        assert Payment.objects.count() == 1
+        assert Account.objects.get(pk=alice.account.pk).held == 100
+        again = alice.schedule(headers={"Idempotency-Key": "retry-me"})
+        assert again["Idempotent-Replayed"] == "true" and again.json() == retried.json()
+
+    def test_key_is_honoured_for_its_whole_ttl(self, alice, settings):
+        with time_machine.travel(timezone.now(), tick=False) as clock:
+            first = alice.schedule(headers={"Idempotency-Key": "day"})
+            clock.shift(timedelta(seconds=settings.IDEMPOTENCY_TTL_SECONDS))
+            again = alice.schedule(headers={"Idempotency-Key": "day"})
+            assert again.status_code == 201 and again["Idempotent-Replayed"] == "true"
+            assert again.json() == first.json()
+            clock.shift(timedelta(microseconds=1))
+            fresh = alice.schedule(headers={"Idempotency-Key": "day"})
+            assert fresh.status_code == 201 and "Idempotent-Replayed" not in fresh
+        assert Payment.objects.count() == 2
+
+    def test_in_flight_claim_is_taken_over_only_after_the_timeout(self, alice, settings):
+        fingerprint = request_fingerprint("POST", SCHEDULE, schedule_body(alice))
+        with time_machine.travel(timezone.now(), tick=False) as clock:
+            idempotency_begin(client=alice.user, key="slow", fingerprint=fingerprint)
+            clock.shift(timedelta(seconds=settings.IDEMPOTENCY_IN_FLIGHT_TIMEOUT))
+            error(
+                alice.schedule(headers={"Idempotency-Key": "slow"}), 409, "idempotency_key_in_use"
+            )
+            clock.shift(timedelta(microseconds=1))
+            taken_over = alice.schedule(headers={"Idempotency-Key": "slow"})
+            assert taken_over.status_code == 201 and "Idempotent-Replayed" not in taken_over
+        record = IdempotencyKey.objects.get(key="slow")
+        assert record.status == IdempotencyStatus.COMPLETED
+        assert record.response_body == taken_over.json()
+        assert Payment.objects.count() == 1
+
+    def test_an_unexpected_error_frees_the_key_for_a_retry(self, alice, bob, monkeypatch):
+        real_schedule = services.payment_schedule
+        others = [
+            idempotency_begin(client=bob.user, key="retry-me", fingerprint="f"),
+            idempotency_begin(client=alice.user, key="another", fingerprint="f"),
+        ]
+
+        def broken(**kwargs):
+            raise RuntimeError("a bug, not a business rule")
+
+        monkeypatch.setattr(services, "payment_schedule", broken)
+        api = APIClient(raise_request_exception=False)
+        api.credentials(HTTP_AUTHORIZATION=f"Bearer {alice.token}")
+        headers = {"Idempotency-Key": "retry-me"}
+        crashed = api.post(SCHEDULE, schedule_body(alice), format="json", headers=headers)
+        assert crashed.status_code == 500
+        # only this request's claim is freed, not the client's or anyone else's
+        left = IdempotencyKey.objects.values_list("pk", flat=True)
+        assert sorted(left) == sorted(claim.record.pk for claim in others)
+
+        monkeypatch.setattr(services, "payment_schedule", real_schedule)
+        retried = api.post(SCHEDULE, schedule_body(alice), format="json", headers=headers)
+        assert retried.status_code == 201 and "Idempotent-Replayed" not in retried
+        assert Payment.objects.count() == 1
+
+    def test_a_crash_after_a_takeover_does_not_free_the_completed_key(self, alice):
+        """Request A's claim went stale, B took it over and answered; A then
+        crashes. The key stays B's: a retry replays B's answer."""
+        stale = idempotency_begin(client=alice.user, key="k", fingerprint="f")
+        IdempotencyKey.objects.filter(pk=stale.record.pk).update(
+            status=IdempotencyStatus.COMPLETED, response_status=201, response_body={"b": 1}
+        )
+        idempotency_release(record=stale.record)
+        again = idempotency_begin(client=alice.user, key="k", fingerprint="f")
+        assert again.replay is True and again.record.response_body == {"b": 1}
+
+    def test_inserts_that_keep_losing_races_answer_409(self, alice, monkeypatch):
+        """The key's row is inserted by another request and gone again, twice."""
+
+        def always_lose(**fields):
+            raise IntegrityError("duplicate key value violates unique constraint")
+
+        monkeypatch.setattr(IdempotencyKey.objects, "create", always_lose)
+        busy = error(
+            alice.schedule(headers={"Idempotency-Key": "unlucky"}), 409, "idempotency_key_in_use"
+        )
+        assert busy["message"] == "A request with this Idempotency-Key is in progress."
+        assert busy["details"] == {"key": "unlucky"}
+        assert Payment.objects.count() == 0
+
+    def test_completing_writes_only_the_response(self, alice):
+        """Completion must not undo a takeover that happened meanwhile (no blind save)."""
+        claim = idempotency_begin(client=alice.user, key="k", fingerprint="f")
+        later = claim.record.locked_at + timedelta(minutes=5)
+        IdempotencyKey.objects.filter(pk=claim.record.pk).update(
+            locked_at=later, created_at=later, fingerprint="g"
+        )
+        idempotency_complete(record=claim.record, status=201, body={"ok": True})
+        record = IdempotencyKey.objects.get(pk=claim.record.pk)
+        assert (record.status, record.response_status, record.response_body) == (
+            IdempotencyStatus.COMPLETED,
+            201,
+            {"ok": True},
+        )
+        assert (record.locked_at, record.created_at, record.fingerprint) == (later, later, "g")
+
+    def test_purge_deletes_only_expired_keys(self, alice, bob, settings):
+        now = timezone.now()
+        ttl = timedelta(seconds=settings.IDEMPOTENCY_TTL_SECONDS)
+        for client, key, age in (
+            (alice, "expired", ttl + timedelta(seconds=1)),
+            (bob, "expired-too", ttl + timedelta(days=3)),
+            (alice, "kept", ttl - timedelta(seconds=1)),
+            (bob, "new", timedelta(0)),
+        ):
+            IdempotencyKey.objects.create(
+                client=client.user,
+                key=key,
+                fingerprint="f",
+                status=IdempotencyStatus.COMPLETED,
+                locked_at=now - age,
+                created_at=now - age,
+            )
+        assert idempotency_purge_expired() == 2
+        assert sorted(IdempotencyKey.objects.values_list("key", flat=True)) == ["kept", "new"]
 
     def test_key_length(self, alice):
         error(alice.schedule(headers={"Idempotency-Key": "x" * 256}), 400, "validation_error")
@@ -131,3 +350,42 @@ def test_twenty_concurrent_requests_with_one_key(alice):
     assert Payment.objects.count() == 1
     assert Hold.objects.filter(account=alice.account).count() == 1
     assert Account.objects.get(pk=alice.account.pk).held == 700
+
+
+@pytest.mark.postgres  # SQLite has one writer: the winner cannot commit inside the loser's write
+@pytest.mark.django_db(transaction=True)
+def test_losing_the_insert_race_reads_the_winners_key(alice, monkeypatch):
+    """Two requests insert one key at once: the loser's INSERT fails on the UNIQUE
+    constraint, and it must then answer from the winner's row (here: replay it)."""
+    fingerprint = request_fingerprint("POST", SCHEDULE, schedule_body(alice))
+    real_create = IdempotencyKey.objects.create
+    calls = []
+
+    def winner_commits_first(**fields):
+        calls.append(fields["key"])
+        if len(calls) > 1:
+            return real_create(**fields)
+
+        def winner():
+            try:
+                real_create(
+                    **fields
+                    | {
+                        "status": IdempotencyStatus.COMPLETED,
+                        "response_status": 201,
+                        "response_body": {"from": "the winner"},
+                    }
+                )
+            finally:
+                connection.close()
+
+        thread = threading.Thread(target=winner)
+        thread.start()
+        thread.join(30)
+        raise IntegrityError("duplicate key value violates unique constraint")
+
+    monkeypatch.setattr(IdempotencyKey.objects, "create", winner_commits_first)
+    claim = idempotency_begin(client=alice.user, key="raced", fingerprint=fingerprint)
+    assert claim.replay is True
+    assert claim.record.response_body == {"from": "the winner"}
+    assert calls == ["raced"]

@@ -1,5 +1,7 @@
 """Two clients: every path with the other's payment id is 404, and nothing changes."""
 
+import uuid
+
 import pytest
 
 from ledger import services as ledger
@@ -39,6 +41,76 @@ def test_every_payment_path_hides_other_clients_payments(alice, bob):
     assert listing["payments"] == []
     assert snapshot() == before
     assert bob.api.get(base).status_code == 200
+
+
+def test_a_payee_cannot_reach_a_payment_made_into_its_account(alice, bob):
+    """Bob owns the destination, not the source: alice's payment to him is not his
+    to read, list, change, cancel or audit — 404 on every path, before and after
+    it executes (README: a client sees only payments from accounts it owns)."""
+    from payments import execution
+    from tests.payments.engine import make_due
+
+    pending = alice.schedule(to_account_id=bob.account.pk, amount=300).json()["payment_id"]
+    done = alice.schedule(to_account_id=bob.account.pk, amount=200).json()["payment_id"]
+    make_due(done)
+    execution.execute_chunk(_claims_of(done))
+    assert Payment.objects.get(pk=done).status == "COMPLETED"
+    assert Account.objects.get(pk=bob.account.pk).balance == 10_200  # he was paid
+    before = snapshot()
+    for payment_id in (pending, done):
+        base = f"/api/v1/payments/{payment_id}"
+        calls = [
+            ("get", base, None),
+            ("patch", base, {"amount": 1}),
+            ("patch", base, {"delay_seconds": 10}),
+            ("patch", base, {"description": "mine now"}),
+            ("delete", f"{base}/cancel", None),
+            ("post", f"{base}/cancel", {}),
+            ("get", f"{base}/events", None),
+            ("get", f"{base}/attempts", None),
+        ]
+        for method, url, body in calls:
+            response = getattr(bob.api, method)(url, body, format="json")
+            error(response, 404, "not_found")
+    for params in (
+        {},
+        {"account_id": bob.account.pk},
+        {"account_id": alice.account.pk},
+        {"status": "PENDING"},
+        {"status": "COMPLETED"},
+    ):
+        listing = bob.api.get("/api/v1/payments", params)
+        assert listing.status_code == 200, (params, listing.content)
+        assert listing.json()["payments"] == [], params
+    assert snapshot() == before
+    # the payer still sees both, and the pending one is still open
+    assert alice.api.get(f"/api/v1/payments/{pending}").json()["status"] == "PENDING"
+    assert {p["payment_id"] for p in alice.api.get("/api/v1/payments").json()["payments"]} == {
+        pending,
+        done,
+    }
+
+
+def _claims_of(*payment_ids):
+    """Claim these payments as the sweeper would: (id, fence) pairs for the executor."""
+    from django.db import transaction
+
+    from payments import scheduling
+
+    with transaction.atomic():
+        claims = scheduling._claim_batch(100)
+    return [(c.payment_id, c.fence) for c in claims if c.payment_id in payment_ids]
+
+
+def test_another_clients_payment_is_answered_like_one_that_does_not_exist(alice, bob):
+    """Nothing in the 404 tells the two apart (the id is the one asked for)."""
+    for payment_id in (bob.schedule().json()["payment_id"], str(uuid.uuid4())):
+        err = error(alice.api.get(f"/api/v1/payments/{payment_id}"), 404, "not_found")
+        assert err == {
+            "code": "not_found",
+            "message": f"Payment {payment_id} not found.",
+            "details": {"payment_id": payment_id},
+        }
 
 
 def test_account_paths_hide_other_clients_accounts(alice, bob):

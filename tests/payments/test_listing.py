@@ -10,13 +10,27 @@ of rows. Real rows and fresh statistics, no planner switches.
 """
 
 import json
+import uuid
+from datetime import UTC, datetime, timedelta
+from urllib.parse import quote
+from zoneinfo import ZoneInfo
 
 import pytest
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, connection, connections, transaction
+from django.db.models import CharField
+from django.utils import timezone
 
+from payments.exceptions import InvalidRequest
 from payments.models import Payment
-from payments.selectors import encode_cursor, payment_list
+from payments.selectors import (
+    _stored_datetime,
+    decode_cursor,
+    decode_id_cursor,
+    encode_cursor,
+    payment_list,
+)
 from tests.factories import AccountFactory, UserFactory
+from tests.payments.engine import bulk_schedule
 from tests.plans import captured_sql, explain, index_scan, node_types
 
 pytestmark = pytest.mark.django_db
@@ -92,6 +106,7 @@ def _assert_reads_one_page(plan: dict, index: str) -> None:
     assert scan.get("Rows Removed by Filter", 0) == 0, scan
 
 
+@pytest.mark.postgres
 def test_listing_page_1_and_deep_page_read_one_page_from_the_owner_index(histories):
     owner, _ = histories
     _assert_reads_one_page(_plan(client=owner), "payments_by_owner")
@@ -100,6 +115,7 @@ def test_listing_page_1_and_deep_page_read_one_page_from_the_owner_index(histori
     assert "created_at" in index_scan(deep, "payments_by_owner")["Index Cond"]
 
 
+@pytest.mark.postgres
 def test_status_filter_reads_only_that_status(histories):
     """FAILED is 1 in 500: without its own index a page of them scans 50,000 rows."""
     owner, _ = histories
@@ -117,6 +133,7 @@ def test_status_filter_reads_only_that_status(histories):
     assert scan["Actual Rows"] == 11 and scan.get("Rows Removed by Filter", 0) == 0, scan
 
 
+@pytest.mark.postgres
 def test_account_filter_reads_one_page_from_the_account_index(histories):
     owner, accounts = histories
     account_id = accounts[1].pk  # a tenth of the client's payments
@@ -126,6 +143,7 @@ def test_account_filter_reads_one_page_from_the_account_index(histories):
     _assert_reads_one_page(deep, "payments_by_account")
 
 
+@pytest.mark.postgres
 def test_deep_pages_are_the_same_rows_as_walking_the_pages(histories):
     """The cursor condition is exact: no row is skipped or repeated at a page edge."""
     owner, _ = histories
@@ -142,6 +160,7 @@ def test_deep_pages_are_the_same_rows_as_walking_the_pages(histories):
         assert seen == [row[0] for row in c.fetchall()]
 
 
+@pytest.mark.postgres
 def test_every_payment_carries_its_source_accounts_owner(alice, bob):
     """Set by each creation path; the trigger payments_payment_owner refuses a
     row whose owner is missing or wrong, so no path can list a payment to the
@@ -169,3 +188,94 @@ def test_every_payment_carries_its_source_accounts_owner(alice, bob):
             partition=0,
         )
     assert [p["payment_id"] for p in bob.api.get("/api/v1/payments").json()["payments"]] == []
+
+
+def _walk(client, limit: int, **filters) -> tuple[list[str], int]:
+    """Every page of ``payment_list``: the ids in order and the number of pages."""
+    seen, cursor, pages = [], None, 0
+    while True:
+        page, cursor = payment_list(client=client, limit=limit, cursor=cursor, **filters)
+        pages += 1
+        seen += [str(p.pk) for p in page]
+        if cursor is None:
+            return seen, pages
+
+
+@pytest.mark.parametrize("count", [4, 5])
+def test_payments_created_together_page_by_id(count):
+    """A bulk insert is one statement: on PostgreSQL its rows share ``created_at``
+    (STATEMENT_TIMESTAMP), to the microsecond. Pages then go by id, and a page
+    edge inside the tie neither skips nor repeats a row; a last full page says
+    there is no next one."""
+    owner = UserFactory()
+    source = AccountFactory(owner=owner, funded=10_000)
+    ids = bulk_schedule(
+        sources=[source.pk],
+        targets=[AccountFactory().pk],
+        count=count,
+        amount=1,
+        due_at=timezone.now() + timedelta(minutes=1),
+    )
+    newest_first = sorted(ids, key=uuid.UUID, reverse=True)
+    assert _walk(owner, limit=2) == (newest_first, (count + 1) // 2)
+    if connection.vendor == "postgresql":
+        # The order is the query's, not an index's: the same pages from a
+        # sequential scan and a sort.
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL enable_indexscan = off")
+            cursor.execute("SET LOCAL enable_bitmapscan = off")
+        assert _walk(owner, limit=2) == (newest_first, (count + 1) // 2)
+
+
+def test_default_page_is_20(alice):
+    bulk_schedule(
+        sources=[alice.account.pk],
+        targets=[alice.other_account.pk],
+        count=21,
+        amount=1,
+        due_at=timezone.now() + timedelta(minutes=1),
+    )
+    page, cursor = payment_list(client=alice.user)
+    assert len(page) == 20 and cursor is not None
+
+
+def test_cursors_round_trip_and_need_no_escaping():
+    moment = datetime(2024, 3, 10, 7, 30, 0, 123456, tzinfo=UTC)
+    for parts in ([moment.isoformat(), str(uuid.uuid4())], ["1234567"], ["1"], ["12"], ["x|"]):
+        cursor = encode_cursor(*parts)
+        assert quote(cursor, safe="") == cursor  # a query-string value as it is
+        assert decode_cursor(cursor, parts[0].count("|") + len(parts)) == "|".join(parts).split("|")
+    assert decode_id_cursor(encode_cursor(1_234_567)) == 1_234_567  # ledger posting ids grow
+
+
+def _invalid_cursor(call) -> None:
+    with pytest.raises(InvalidRequest) as raised:
+        call()
+    assert raised.value.message == "Invalid cursor."
+    assert raised.value.details == {"fields": {"cursor": "not a cursor from this API"}}
+
+
+def test_every_malformed_cursor_is_the_same_400(alice):
+    moment = timezone.now()
+    for cursor in (
+        "garbage",
+        "!!",
+        encode_cursor(moment, uuid.uuid4(), "extra"),
+        encode_cursor("not a time", uuid.uuid4()),
+        encode_cursor(moment, "not-a-uuid"),
+    ):
+        _invalid_cursor(lambda c=cursor: payment_list(client=alice.user, cursor=c))
+    for cursor in ("!!", encode_cursor("abc"), encode_cursor(1, 2)):
+        _invalid_cursor(lambda c=cursor: decode_id_cursor(c))
+
+
+def test_sqlite_cursor_time_is_compared_in_the_stored_format(monkeypatch):
+    """SQLite compares datetimes as text; ``db_default=Now()`` stores UTC as
+    ``YYYY-MM-DD HH:MM:SS.fff``, so the cursor's time is given in that form."""
+    monkeypatch.setattr(connections["default"], "vendor", "sqlite")
+    berlin = ZoneInfo("Europe/Berlin")
+    for microsecond, text in ((999_999, "05.999"), (500_000, "05.500"), (1_000, "05.001")):
+        local = datetime(2024, 3, 10, 9, 30, 5, microsecond, tzinfo=berlin)
+        stored = _stored_datetime(local, "default")
+        assert stored.value == f"2024-03-10 08:30:{text}"  # UTC, truncated to milliseconds
+        assert isinstance(stored.output_field, CharField)

@@ -30,6 +30,7 @@ def test_cancel_racing_execution_is_one_or_the_other():
     with transaction.atomic():
         claims = {c.payment_id: c.fence for c in scheduling._claim_batch(TRIALS)}
     outcomes = {"cancelled": 0, "completed": 0}
+    answers: dict[str, tuple[str, str]] = {}  # what cancel told its caller
     errors = []
 
     for pid in ids:
@@ -47,9 +48,10 @@ def test_cancel_racing_execution_is_one_or_the_other():
         def cancel(pid=pid, barrier=barrier):
             try:
                 barrier.wait()
-                services.payment_cancel(payment_id=pid, client=owner, actor_user=owner)
-            except PaymentNotCancellable:
-                pass
+                payment = services.payment_cancel(payment_id=pid, client=owner, actor_user=owner)
+                answers[pid] = ("cancelled", payment.status)
+            except PaymentNotCancellable as exc:
+                answers[pid] = ("refused", exc.details["status"])
             except Exception as exc:
                 errors.append(exc)
             finally:
@@ -64,10 +66,14 @@ def test_cancel_racing_execution_is_one_or_the_other():
         payment = Payment.objects.get(pk=pid)
         entries = JournalEntry.objects.filter(reference=f"payment:{pid}").count()
         hold = Hold.objects.get(pk=payment.hold_id)
+        # The answer is definite and true: a cancel that said yes won, one that
+        # said no names the state that won instead.
         if payment.status == "CANCELLED":
+            assert answers.get(pid) == ("cancelled", "CANCELLED"), answers.get(pid)
             assert (entries, hold.status, payment.journal_entry_id) == (0, "released", None)
             outcomes["cancelled"] += 1
         else:
+            assert answers.get(pid) == ("refused", "COMPLETED"), answers.get(pid)
             assert payment.status == "COMPLETED"
             assert (entries, hold.status) == (1, "captured")
             outcomes["completed"] += 1

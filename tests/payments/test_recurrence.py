@@ -112,15 +112,72 @@ def test_cron_starts_at_start_time_inclusive():
     assert upcoming(s, after=None, count=1) == [utc(2026, 5, 1, 9)]
 
 
-@pytest.mark.parametrize("expr", ["* * * *", "61 * * * *", "0 9 * * * *", "nonsense"])
-def test_invalid_cron(expr):
-    with pytest.raises(InvalidSchedule):
+FIELDS = "A cron expression has 5 fields: minute hour day month weekday."
+
+
+@pytest.mark.parametrize(
+    ("expr", "message"),
+    [
+        ("* * * *", FIELDS),
+        ("0 9 * * * *", FIELDS),
+        ("nonsense", FIELDS),
+        ("61 * * * *", "Invalid cron expression '61 * * * *'."),
+        ("0 9 * 13 *", "Invalid cron expression '0 9 * 13 *'."),
+    ],
+)
+def test_invalid_cron(expr, message):
+    """The message is what the API answers in ``details.fields.cron``."""
+    with pytest.raises(InvalidSchedule) as raised:
         validate_cron(expr)
+    assert str(raised.value) == message
 
 
 def test_unknown_zone():
-    with pytest.raises(InvalidSchedule):
+    with pytest.raises(InvalidSchedule) as raised:
         zone("Mars/Olympus_Mons")
+    assert str(raised.value) == "Unknown time zone 'Mars/Olympus_Mons'."
+
+
+def test_cron_end_time_is_inclusive():
+    s = spec("0 9 * * *", tz="UTC", start=utc(2026, 5, 1), end_time=utc(2026, 5, 3, 9))
+    assert upcoming(s, after=None, count=10) == [
+        utc(2026, 5, 1, 9),
+        utc(2026, 5, 2, 9),
+        utc(2026, 5, 3, 9),
+    ]
+
+
+def test_a_gap_shifts_every_minute_to_the_first_valid_minute():
+    for minute in (1, 31, 59):
+        s = spec(f"{minute} 2 * * *", nonexistent="shift")
+        runs = upcoming(s, after=utc(2026, 3, 7, 12), count=1)
+        assert local_strings(runs, NY) == ["2026-03-08 03:00 EDT"]
+
+
+def test_resuming_a_minute_before_the_clocks_go_back_finds_the_repeated_hour():
+    """At 01:59:59 EDT the wall clock is about to show 01:00 again (EST): a
+    daily 01:00 with ``last`` runs an hour later, not the next day."""
+    s = spec("0 1 * * *", ambiguous="last")
+    after = utc(2026, 11, 1, 5, 59, 59)  # 01:59:59 EDT
+    assert local_strings(upcoming(s, after=after, count=1), NY) == ["2026-11-01 01:00 EST"]
+
+
+def test_fall_back_from_utc_offset_zero():
+    """Atlantic/Azores falls back from UTC+0 to UTC-1 (25 October 2026, 01:00 ->
+    00:00): 00:30 happens twice, the second time at 01:30 UTC."""
+    s = spec("30 0 * * *", tz="Atlantic/Azores", ambiguous="last")
+    after = utc(2026, 10, 25, 0, 59)  # 00:59 local, UTC+0, a minute before the change
+    assert upcoming(s, after=after, count=1) == [utc(2026, 10, 25, 1, 30)]
+
+
+def test_resuming_far_from_the_start_is_as_cheap_as_near_it():
+    """An interval schedule jumps to the first instant after ``after``; walking
+    there from ``start_time`` would take billions of steps."""
+    s = Spec(cron=None, interval_seconds=60, timezone="UTC", start_time=utc(1, 1, 1, 0, 0))
+    assert upcoming(s, after=utc(9000, 1, 1, 0, 0, 30), count=2) == [
+        utc(9000, 1, 1, 0, 1),
+        utc(9000, 1, 1, 0, 2),
+    ]
 
 
 @given(

@@ -1,7 +1,8 @@
 """Recurring payments: API contract, materialiser, missed-run policies, concurrency."""
 
 import threading
-from datetime import timedelta
+from datetime import UTC, date, datetime, time, timedelta
+from zoneinfo import ZoneInfo
 
 import pytest
 from django.db import IntegrityError, connection, transaction
@@ -16,7 +17,9 @@ from tests.payments.test_api import error
 pytestmark = pytest.mark.django_db
 
 
-def create(client, **overrides):
+def create(client, omit=(), **overrides):
+    """POST a schedule (daily cron by default); fields in ``omit`` are left out,
+    e.g. ``omit=["cron"], interval_seconds=60`` for an interval schedule."""
     body = {
         "from_account_id": client.account.pk,
         "to_account_id": client.other_account.pk,
@@ -24,6 +27,7 @@ def create(client, **overrides):
         "cron": "0 9 * * *",
         "timezone": "America/New_York",
     } | overrides
+    body = {name: value for name, value in body.items() if name not in omit}
     return client.api.post("/api/v1/recurring-payments", body, format="json")
 
 
@@ -97,6 +101,29 @@ def test_pause_resume_cancel_and_patch(alice):
     error(alice.api.patch(base, {"amount": 1}, format="json"), 409, "recurring_not_modifiable")
 
 
+def test_patching_one_dst_key_keeps_the_other(alice):
+    """A PATCH changes only the DST keys it sends (the nested serializer's defaults
+    used to reset the other one: {"ambiguous": "last"} set nonexistent to shift)."""
+    rid = create(alice, dst_policy={"nonexistent": "skip", "ambiguous": "both"}).json()[
+        "recurring_payment_id"
+    ]
+    base = f"/api/v1/recurring-payments/{rid}"
+    body = alice.api.patch(base, {"dst_policy": {"ambiguous": "last"}}, format="json").json()
+    assert body["dst_policy"] == {"nonexistent": "skip", "ambiguous": "last"}
+    body = alice.api.patch(base, {"dst_policy": {"nonexistent": "shift"}}, format="json").json()
+    assert body["dst_policy"] == {"nonexistent": "shift", "ambiguous": "last"}
+    body = alice.api.patch(base, {"dst_policy": {}}, format="json").json()
+    assert body["dst_policy"] == {"nonexistent": "shift", "ambiguous": "last"}
+    schedule = RecurringPayment.objects.get(pk=rid)
+    assert (schedule.dst_nonexistent, schedule.dst_ambiguous) == ("shift", "last")
+    err = error(
+        alice.api.patch(base, {"dst_policy": {"ambiguous": "x"}}, format="json"),
+        400,
+        "validation_error",
+    )
+    assert "dst_policy" in err["details"]["fields"]
+
+
 def test_other_clients_schedules_are_not_found(alice, bob):
     rid = create(bob).json()["recurring_payment_id"]
     base = f"/api/v1/recurring-payments/{rid}"
@@ -141,6 +168,96 @@ def test_create_is_idempotent(alice):
     assert RecurringPayment.objects.count() == 1
 
 
+# --- DST policies through the API ------------------------------------------------
+
+
+def next_dst_change(zone: str, kind: str, after: date) -> date:
+    """The first local date after ``after`` on which ``zone`` springs forward
+    (``kind="spring"``) or falls back (``"autumn"``). Both zones used here change
+    between 01:00 and 03:00 local, so comparing the offsets at noon finds the day."""
+    tz = ZoneInfo(zone)
+    day = after + timedelta(days=1)
+    for _ in range(400):
+        before = datetime.combine(day - timedelta(days=1), time(12), tz).utcoffset()
+        now = datetime.combine(day, time(12), tz).utcoffset()
+        if (now > before) if kind == "spring" else (now < before):
+            return day
+        day += timedelta(days=1)
+    raise AssertionError(f"no {kind} change in {zone}")  # pragma: no cover
+
+
+def utc(day: date, hour: int, minute: int) -> datetime:
+    return datetime.combine(day, time(hour, minute), UTC)
+
+
+# (zone, change, daily cron, dst_policy sent (None: the defaults), instants on the
+# day of the change in UTC). Berlin: 02:00→03:00 CET→CEST in spring, 02:00-03:00
+# twice (CEST 00:xxZ, then CET 01:xxZ) in autumn. New York: 02:00→03:00 EST→EDT in
+# spring, 01:00-02:00 twice (EDT 05:xxZ, then EST 06:xxZ) in autumn.
+DST_CASES = [
+    ("Europe/Berlin", "spring", "30 2 * * *", {"nonexistent": "skip"}, []),
+    ("Europe/Berlin", "spring", "30 2 * * *", None, [(1, 0)]),  # shift: 03:00 CEST
+    ("Europe/Berlin", "autumn", "30 2 * * *", {"ambiguous": "last"}, [(1, 30)]),
+    ("Europe/Berlin", "autumn", "30 2 * * *", {"ambiguous": "both"}, [(0, 30), (1, 30)]),
+    ("Europe/Berlin", "autumn", "30 2 * * *", None, [(0, 30)]),  # first
+    ("America/New_York", "spring", "30 2 * * *", {"nonexistent": "skip"}, []),
+    ("America/New_York", "autumn", "30 1 * * *", {"ambiguous": "last"}, [(6, 30)]),
+    ("America/New_York", "autumn", "30 1 * * *", {"ambiguous": "both"}, [(5, 30), (6, 30)]),
+]
+
+
+@pytest.mark.parametrize(("zone", "change", "cron", "policy", "on_the_day"), DST_CASES)
+def test_dst_policy_reaches_upcoming_and_materialised_payments(
+    alice, settings, zone, change, cron, policy, on_the_day
+):
+    """A daily schedule created through the API around the zone's next DST change:
+    the ``upcoming`` instants it answers and the payments the materialiser creates
+    follow the schedule's ``dst_policy`` (not just the calendar functions)."""
+    settings.PAYMENT_MAX_DELAY_SECONDS = 2 * 366 * 86400  # the change may be ~a year out
+    settings.RECURRING_MATERIALIZE_AHEAD_SECONDS = 2 * 366 * 86400  # materialise all now
+    tz = ZoneInfo(zone)
+    day = next_dst_change(zone, change, after=timezone.localdate(timezone=tz) + timedelta(days=2))
+    hour, minute = (int(f) for f in reversed(cron.split()[:2]))
+    start = datetime.combine(day - timedelta(days=2), time(0), tz)
+    end = datetime.combine(day + timedelta(days=3), time(0), tz)
+
+    def plain(d):  # an ordinary day: the wall time exists once
+        return datetime.combine(d, time(hour, minute), tz).astimezone(UTC)
+
+    expected = [
+        plain(day - timedelta(days=2)),
+        plain(day - timedelta(days=1)),
+        *(utc(day, h, m) for h, m in on_the_day),
+        plain(day + timedelta(days=1)),
+        plain(day + timedelta(days=2)),
+    ]
+    extra = {"dst_policy": policy} if policy is not None else {}
+    response = create(
+        alice,
+        cron=cron,
+        timezone=zone,
+        start_time=start.isoformat(),
+        end_time=end.isoformat(),
+        **extra,
+    )
+    assert response.status_code == 201, response.content
+    body = response.json()
+    parsed = [datetime.fromisoformat(t) for t in body["upcoming"]]
+    assert parsed == expected[:5]
+    assert datetime.fromisoformat(body["next_run_at"]) == expected[0]
+
+    result = recurring.materialize_due()
+    assert (result.scheduled, result.skipped, result.failed) == (len(expected), 0, 0)
+    schedule = RecurringPayment.objects.get(pk=body["recurring_payment_id"])
+    occurrences = RecurringOccurrence.objects.filter(recurring=schedule).order_by("scheduled_for")
+    assert [o.scheduled_for for o in occurrences] == expected
+    payments = Payment.objects.filter(recurring=schedule).order_by("due_at")
+    assert [p.due_at for p in payments] == expected
+    assert Account.objects.get(pk=alice.account.pk).held == 100 * len(expected)
+    schedule.refresh_from_db()
+    assert schedule.status == "ended" and schedule.next_run_at is None
+
+
 # --- materialiser ------------------------------------------------------------------
 
 
@@ -152,7 +269,7 @@ def make_schedule(source, target, *, start, every=3600, **fields):
         amount=fields.pop("amount", 10),
         interval_seconds=every,
         start_time=start,
-        next_run_at=start,
+        next_run_at=fields.pop("next_run_at", start),
         **fields,
     )
 
@@ -257,6 +374,80 @@ def test_missed_run_policies_after_downtime(accounts, policy, catch_up, schedule
     assert all(p.due_at >= now for p in payments)  # catch-up runs now, not in the past
     schedule.refresh_from_db()
     assert schedule.next_run_at == start + timedelta(hours=5)
+
+
+@pytest.mark.parametrize("policy", ["skip", "run_once", "run_all"])
+def test_resume_does_not_run_what_fell_due_while_paused(alice, settings, policy):
+    """README: resuming continues from now; occurrences that fell due while the
+    schedule was paused do not run, whatever its missed-run policy (that policy
+    is for the service being down, not for a client's pause)."""
+    now = timezone.now()
+    start = now - timedelta(hours=5, minutes=30)
+    # ran at `start`, then paused: -4.5h … -0.5h fell due while paused
+    schedule = make_schedule(
+        alice.account.pk,
+        alice.other_account.pk,
+        start=start,
+        status="paused",
+        last_occurrence_at=start,
+        next_run_at=start + timedelta(hours=1),
+        occurrences_run=1,
+        missed_run_policy=policy,
+        max_catch_up=10,
+    )
+    response = alice.api.post(f"/api/v1/recurring-payments/{schedule.pk}/resume")
+    assert response.status_code == 200, response.content
+    body = response.json()
+    following = start + timedelta(hours=6)  # the first occurrence after the resume
+    assert body["status"] == "active"
+    assert datetime.fromisoformat(body["next_run_at"]) == following
+    assert datetime.fromisoformat(body["upcoming"][0]) == following
+    recurring.materialize_due()
+    assert not Payment.objects.filter(recurring=schedule).exists()
+    assert not RecurringOccurrence.objects.filter(recurring=schedule).exclude(status="skipped")
+    assert Account.objects.get(pk=alice.account.pk).held == 0
+    schedule.refresh_from_db()
+    assert (schedule.status, schedule.occurrences_run) == ("active", 1)
+    # the schedule goes on from there
+    settings.RECURRING_MATERIALIZE_AHEAD_SECONDS = 3600
+    assert recurring.materialize_due().scheduled == 1
+    (payment,) = Payment.objects.filter(recurring=schedule)
+    assert payment.due_at == following
+
+
+@pytest.mark.parametrize(("policy", "skipped", "caught_up"), [("skip", 3, 0), ("run_once", 2, 1)])
+def test_max_occurrences_does_not_count_skipped_occurrences(
+    alice, settings, policy, skipped, caught_up
+):
+    """README: ``max_occurrences`` counts occurrences that ran or failed, not
+    skipped ones. Two allowed, three missed during downtime: the skipped ones
+    leave the schedule both of its runs."""
+    now = timezone.now()
+    start = now - timedelta(hours=2, minutes=30)  # -2.5h, -1.5h, -0.5h missed
+    schedule = make_schedule(
+        alice.account.pk,
+        alice.other_account.pk,
+        start=start,
+        missed_run_policy=policy,
+        max_occurrences=2,
+    )
+    result = recurring.materialize_due()
+    assert (result.skipped, result.scheduled) == (skipped, caught_up)
+    schedule.refresh_from_db()
+    assert (schedule.status, schedule.occurrences_run) == ("active", caught_up)
+    rest = [start + timedelta(hours=k) for k in range(3, 3 + 2 - caught_up)]
+    body = alice.api.get(f"/api/v1/recurring-payments/{schedule.pk}").json()
+    assert [datetime.fromisoformat(t) for t in body["upcoming"]] == rest
+    settings.RECURRING_MATERIALIZE_AHEAD_SECONDS = 4 * 3600  # -> start + 6.5h
+    assert recurring.materialize_due().scheduled == 2 - caught_up
+    schedule.refresh_from_db()
+    assert (schedule.status, schedule.occurrences_run) == ("ended", 2)
+    ran = RecurringOccurrence.objects.filter(recurring=schedule, status="scheduled")
+    assert sorted(o.scheduled_for for o in ran)[caught_up:] == rest
+    assert Payment.objects.filter(recurring=schedule).count() == 2
+    assert RecurringOccurrence.objects.filter(recurring=schedule, status="skipped").count() == (
+        skipped
+    )
 
 
 def test_max_occurrences_ends_the_schedule(accounts):

@@ -6,6 +6,7 @@ from io import StringIO
 import pytest
 from django.contrib.auth.models import Group, Permission
 from django.core.management import CommandError, call_command
+from django.db.models.functions import Now
 from django.urls import reverse
 from rest_framework.test import APIClient
 
@@ -86,18 +87,29 @@ def test_revoke_by_prefix_or_by_the_leaked_token_itself(alice):
     assert len(events(alice.user)) == 3  # two issued, one revoked
 
 
-def test_create_api_client_and_seed_demo_issue_and_revoke_through_the_service(settings):
+def test_create_api_client_and_seed_demo_issue_and_revoke_through_the_service(settings, tmp_path):
     call_command("create_api_client", "acme", "--json", stdout=StringIO())
     assert [e[1:] for e in events(UserFactory(username="acme"))] == [("issued", None, "cli")]
     settings.DEBUG = True
-    first, second = StringIO(), StringIO()
-    call_command("seed_demo", stdout=first)
-    call_command("seed_demo", stdout=second)
-    tokens = [_printed_token(out) for out in (first, second)]
-    assert status_with(tokens[0]) == 401 and status_with(tokens[1]) == 200
+    settings.VAR_DIR = tmp_path
+    runs = [StringIO() for _ in range(4)]
+    call_command("seed_demo", stdout=runs[0])
+    call_command("seed_demo", stdout=runs[1])  # a restart: the same token, still valid
+    tokens = [_printed_token(runs[0]), _printed_token(runs[1])]
+    assert tokens[0] == tokens[1] and status_with(tokens[0]) == 200
+    assert (tmp_path / "demo-token").read_text().strip() == tokens[0]
+    assert (tmp_path / "demo-token").stat().st_mode & 0o077 == 0  # the owner's only
     demo = UserFactory(username="demo")
-    assert [e[1] for e in events(demo)] == ["issued", "revoked", "issued"]
-    assert ApiToken.objects.filter(user=demo).count() == 2  # revoked, not deleted
+    assert [e[1] for e in events(demo)] == ["issued"]
+    (tmp_path / "demo-token").unlink()  # the saved token is gone: revoke, issue anew
+    call_command("seed_demo", stdout=runs[2])
+    tokens.append(_printed_token(runs[2]))
+    assert status_with(tokens[0]) == 401 and status_with(tokens[2]) == 200
+    ApiToken.objects.filter(user=demo).update(revoked_at=Now())  # revoked by staff
+    call_command("seed_demo", stdout=runs[3])
+    assert _printed_token(runs[3]) not in tokens and status_with(_printed_token(runs[3])) == 200
+    assert [e[1] for e in events(demo)] == ["issued", "revoked", "issued", "issued"]
+    assert ApiToken.objects.filter(user=demo).count() == 3  # revoked, not deleted
 
 
 # --- admin ---------------------------------------------------------------------

@@ -76,6 +76,21 @@ def test_signed_delivery_the_receiver_can_verify(alice, receiver):
     assert event["data"]["payment_id"] == payment_id and event["data"]["status"] == "CANCELLED"
 
 
+@pytest.mark.parametrize(
+    ("age", "accepted"),
+    [(0, True), (290, True), (-290, True), (310, False), (3600, False), (-310, False)],
+)
+def test_verify_rejects_stale_or_future_timestamps(age, accepted):
+    """A correctly signed delivery replayed outside the 5-minute window (README:
+    "reject timestamps older than 5 minutes") is refused; so is one from the future."""
+    import time
+
+    secret, body = "whsec_test", b'{"id": "evt", "type": "payment.completed"}'
+    timestamp = int(time.time()) - age
+    signature = webhooks.sign(secret, timestamp, body)
+    assert webhooks.verify(secret, str(timestamp), body, signature) is accepted
+
+
 def test_500_then_200_is_retried_and_logged(alice, receiver):
     register(alice, receiver.url)
     receiver.answers = [500]

@@ -55,9 +55,12 @@ def run_django(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     )
 
 
-def test_check_deploy_is_clean_with_the_compose_environment():
+def test_check_deploy_is_clean_with_the_compose_environment(tmp_path):
     env = compose_environment({"SECRET_KEY": secrets.token_urlsafe(50)})
     assert env["DEBUG"] == "false" and env["SECURE_SSL_REDIRECT"] == "true"
+    # the compose volume's path exists only in the image: the same setting, here
+    assert env["PROMETHEUS_MULTIPROC_DIR"] == "/app/var/metrics"
+    env["PROMETHEUS_MULTIPROC_DIR"] = str(tmp_path)
     result = subprocess.run(
         [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
         cwd=ROOT,

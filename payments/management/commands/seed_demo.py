@@ -1,9 +1,17 @@
 """``manage.py seed_demo``: a demo login and funded accounts for a local run.
 
-Idempotent: running it again changes nothing and prints the same directions.
+Idempotent: running it again changes nothing and prints the same directions,
+the same token included. Tokens are stored hashed, so the demo token's plain
+text is kept in ``VAR_DIR/demo-token`` (mode 0600, next to the SQLite file that
+holds the demo data anyway); a restart of ``scripts/dev`` prints it again
+instead of revoking it. If that file is gone or its token was revoked, the
+previous demo tokens are revoked and a new one issued (both audited).
+
 It refuses to create the well-known demo password outside DEBUG unless
 ``--password`` is given.
 """
+
+from pathlib import Path
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -12,10 +20,25 @@ from django.db import transaction
 
 from ledger import services as ledger
 from ledger.models import Account
-from payments.models import ApiTokenVia
-from payments.tokens import api_token_issue, api_tokens_revoke
+from payments.models import ApiToken, ApiTokenVia
+from payments.tokens import api_token_issue, api_tokens_revoke, hash_token
 
 DEMO_ACCOUNTS = (("Demo checking", 100_000), ("Demo savings", 50_000))
+
+
+def demo_token(user, path: Path) -> str:
+    """The saved demo token if it is still active, else a new one saved to ``path``."""
+    saved = path.read_text().strip() if path.exists() else ""
+    active = ApiToken.objects.filter(user=user, name="seed_demo", revoked_at__isnull=True)
+    if saved and active.filter(key_hash=hash_token(saved)).exists():
+        return saved
+    api_tokens_revoke(user=user, name="seed_demo", actor=None, via=ApiTokenVia.CLI)
+    _, token = api_token_issue(user=user, name="seed_demo", actor=None, via=ApiTokenVia.CLI)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch(mode=0o600)
+    path.chmod(0o600)
+    path.write_text(token + "\n")
+    return token
 
 
 class Command(BaseCommand):
@@ -52,10 +75,7 @@ class Command(BaseCommand):
                     reference=f"seed_demo:{account.pk}",
                     description="Demo funds",
                 )
-        # Tokens are stored hashed, so each run revokes the previous demo token
-        # and issues a fresh one (both audited).
-        api_tokens_revoke(user=user, name="seed_demo", actor=None, via=ApiTokenVia.CLI)
-        _, token = api_token_issue(user=user, name="seed_demo", actor=None, via=ApiTokenVia.CLI)
+        token = demo_token(user, Path(settings.VAR_DIR) / "demo-token")
         accounts = list(Account.objects.filter(owner=user).order_by("pk"))
         base = options["base_url"].rstrip("/")
         self.stdout.write(f"Admin:    {base}/admin/   (login {username} / {password})")
