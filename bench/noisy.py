@@ -250,8 +250,49 @@ def collect(noise: dict | None, victim: dict, window: tuple[datetime, datetime])
                 WebhookDelivery.objects.values_list("status").annotate(n=Count("pk"))
             ),
             "webhook_attempts": WebhookAttempt.objects.count(),
+            "bursts": bursts(start, end),
         }
+    report["victim"]["late_by_second_of_minute"] = late_by_second(victim_payments)
     return report
+
+
+def late_by_second(payments) -> dict[int, dict]:
+    """For each second of the minute a victim payment fell due in: how many fell due
+    then, and their worst lateness — shows whether lateness gathers after :00."""
+    by_second: dict[int, dict] = {}
+    for due_at, executed_at in payments.exclude(executed_at=None).values_list(
+        "due_at", "executed_at"
+    ):
+        row = by_second.setdefault(due_at.second, {"n": 0, "max_s": 0.0})
+        row["n"] += 1
+        row["max_s"] = round(max(row["max_s"], (executed_at - due_at).total_seconds()), 3)
+    return dict(sorted(by_second.items()))
+
+
+def bursts(start: datetime, end: datetime) -> list[dict]:
+    """Per minute of the window: the occurrence payments due then, when the first and
+    the last ran (seconds after due), and the claim-to-run spread."""
+    from django.db.models import Count, Max, Min
+
+    from payments.models import Payment
+
+    rows = (
+        Payment.objects.filter(recurring__isnull=False, due_at__range=(start, end))
+        .exclude(executed_at=None)
+        .values("due_at")
+        .annotate(n=Count("pk"), first=Min("executed_at"), last=Max("executed_at"))
+        .order_by("due_at")
+    )
+    return [
+        {
+            "due_at": row["due_at"].isoformat(timespec="seconds"),
+            "n": row["n"],
+            "first_s": round((row["first"] - row["due_at"]).total_seconds(), 3),
+            "last_s": round((row["last"] - row["due_at"]).total_seconds(), 3),
+        }
+        for row in rows
+        if row["n"] > 1
+    ]
 
 
 def markdown(report: dict) -> str:
@@ -293,6 +334,21 @@ def markdown(report: dict) -> str:
             f"{report['scrapes']['latency_ms']['p50']} ms, p99 "
             f"{report['scrapes']['latency_ms']['p99']} ms, errors {report['scrapes']['errors']} |",
             f"| dead-endpoint connections accepted | {report['blackhole_connections']} |",
+            "",
+            "Every-minute bursts (occurrence payments due at one instant: "
+            "first and last run, seconds after due):",
+            "",
+            *(
+                f"- {b['due_at']}: {b['n']} payments, {b['first_s']} to {b['last_s']} s"
+                for b in n["bursts"]
+            ),
+            "",
+            "Victim payments by the second of the minute they fell due in "
+            "(count / worst lateness s): "
+            + ", ".join(
+                f":{sec:02d} {row['n']}/{row['max_s']}"
+                for sec, row in v["late_by_second_of_minute"].items()
+            ),
             "",
         ]
     checks = report["exactly_once"]

@@ -165,34 +165,84 @@ def dispatch(event_ids) -> list[str]:
         )
         if not events:
             return []
-        endpoints: dict[int, list[WebhookEndpoint]] = {}
-        for endpoint in WebhookEndpoint.objects.filter(
-            client_id__in={e.client_id for e in events}, is_active=True
-        ):
-            endpoints.setdefault(endpoint.client_id, []).append(endpoint)
         now = timezone.now()
-        deliveries = []
-        for event in events:
-            for endpoint in endpoints.get(event.client_id, ()):
-                if event.event_type not in endpoint.event_types:
-                    continue
-                delivery = WebhookDelivery(
-                    endpoint=endpoint, event=event, event_type=event.event_type
-                )
-                delivery.payload = {
-                    "id": str(delivery.id),
-                    "type": event.event_type,
-                    "created_at": iso_timestamp(event.created_at),
-                    "data": event.data,
-                }
-                deliveries.append(delivery)
-        WebhookDelivery.objects.bulk_create(deliveries)
+        if connection.vendor == "postgresql":
+            created = _fan_out_sql([e.pk for e in events])
+        else:
+            created = _fan_out_python(events)
         WebhookEvent.objects.filter(pk__in=[e.pk for e in events]).update(dispatched_at=now)
+        open_until = dict(
+            WebhookEndpoint.objects.filter(
+                pk__in={endpoint for _, endpoint in created}
+            ).values_list("pk", "circuit_open_until")
+        )
     return [
-        str(d.pk)
-        for d in deliveries
-        if d.endpoint.circuit_open_until is None or d.endpoint.circuit_open_until <= now
+        str(delivery)
+        for delivery, endpoint in created
+        if open_until[endpoint] is None or open_until[endpoint] <= now
     ]
+
+
+# The fan-out in one statement: the rows (and their payloads, the same JSON
+# ``_fan_out_python`` builds, timestamps in ``ISO_TIMESTAMP_FORMAT``) never pass
+# through Python. Building 5,000 delivery objects for 500 events and binding
+# their payloads as arrays cost the webhook worker 0.8 CPU-s (bulk_create: 1.5 s),
+# right when the payment burst that emitted the events was running.
+_FAN_OUT_SQL = """
+WITH pairs AS (
+    SELECT gen_random_uuid() AS id, ep.id AS endpoint_id, e.id AS event_id,
+           e.event_type, e.data, e.created_at
+      FROM payments_webhookevent e
+      JOIN payments_webhookendpoint ep
+        ON ep.client_id = e.client_id AND ep.is_active AND ep.event_types ? e.event_type
+     WHERE e.id = ANY(%s::uuid[])
+)
+INSERT INTO payments_webhookdelivery
+       (id, endpoint_id, event_id, event_type, payload, status, attempts, last_error)
+SELECT id, endpoint_id, event_id, event_type,
+       jsonb_build_object(
+           'id', id::text,
+           'type', event_type,
+           'created_at', to_char(created_at AT TIME ZONE 'UTC',
+                                 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+           'data', data),
+       'pending', 0, ''
+  FROM pairs
+RETURNING id, endpoint_id
+"""
+
+
+def _fan_out_sql(event_ids) -> list[tuple]:
+    """(delivery id, endpoint id) of the deliveries made for ``event_ids`` (PostgreSQL)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_FAN_OUT_SQL, [list(event_ids)])
+        return cursor.fetchall()
+
+
+def _fan_out_python(events) -> list[tuple]:
+    """``_fan_out_sql`` for SQLite (the embedded default)."""
+    endpoints: dict[int, list] = {}
+    for endpoint_id, client_id, types in WebhookEndpoint.objects.filter(
+        client_id__in={e.client_id for e in events}, is_active=True
+    ).values_list("pk", "client_id", "event_types"):
+        endpoints.setdefault(client_id, []).append((endpoint_id, types))
+    deliveries = []
+    for event in events:
+        for endpoint_id, types in endpoints.get(event.client_id, ()):
+            if event.event_type not in types:
+                continue
+            delivery = WebhookDelivery(
+                endpoint_id=endpoint_id, event=event, event_type=event.event_type
+            )
+            delivery.payload = {
+                "id": str(delivery.id),
+                "type": event.event_type,
+                "created_at": iso_timestamp(event.created_at),
+                "data": event.data,
+            }
+            deliveries.append(delivery)
+    WebhookDelivery.objects.bulk_create(deliveries)
+    return [(d.pk, d.endpoint_id) for d in deliveries]
 
 
 def undispatched_event_ids(*, older_than: float = 5.0, limit: int = 500) -> list[str]:

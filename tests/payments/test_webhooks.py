@@ -401,6 +401,49 @@ def test_endpoint_limit_holds_under_concurrent_creates(alice, settings):
     assert alice.user.webhook_endpoints.count() == 3
 
 
+def test_fan_out_makes_one_delivery_per_subscribed_active_endpoint_with_its_payload(
+    alice, bob, receiver
+):
+    """The expansion (one statement on PostgreSQL, Python on SQLite) writes exactly
+    the subscribed, active endpoints' deliveries, each payload naming its own
+    delivery id, the event's type, time (ISO, microseconds, Z) and data; another
+    client's endpoints and events are untouched."""
+    from payments.clock import iso_timestamp
+
+    both = register(alice, receiver.url, events=("payment.cancelled", "payment.completed"))
+    only = register(alice, receiver.url, events=("payment.cancelled",))
+    register(alice, receiver.url, events=("payment.completed",))  # not subscribed
+    off = register(alice, receiver.url, events=("payment.cancelled",))
+    WebhookEndpoint.objects.filter(pk=off["webhook_endpoint_id"]).update(is_active=False)
+    register(bob, receiver.url, events=("payment.cancelled",))
+    payment_id = alice.schedule().json()["payment_id"]
+    alice.api.delete(f"/api/v1/payments/{payment_id}/cancel")
+    bob_payment = bob.schedule().json()["payment_id"]
+    bob.api.delete(f"/api/v1/payments/{bob_payment}/cancel")
+    event = WebhookEvent.objects.get(client=alice.user)
+    sent = webhooks.dispatch([event.pk])
+    deliveries = {str(d.endpoint_id): d for d in WebhookDelivery.objects.all()}
+    assert set(deliveries) == {both["webhook_endpoint_id"], only["webhook_endpoint_id"]}
+    assert sorted(sent) == sorted(str(d.pk) for d in deliveries.values())
+    for delivery in deliveries.values():
+        assert (delivery.event_id, delivery.event_type, delivery.status) == (
+            event.pk,
+            "payment.cancelled",
+            "pending",
+        )
+        assert delivery.attempts == 0 and delivery.next_attempt_at is not None
+        assert delivery.payload == {
+            "id": str(delivery.pk),
+            "type": "payment.cancelled",
+            "created_at": iso_timestamp(event.created_at),
+            "data": event.data,
+        }
+    event.refresh_from_db()
+    assert event.dispatched_at is not None
+    assert WebhookEvent.objects.get(client=bob.user).dispatched_at is None
+    assert webhooks.dispatch([event.pk]) == []  # expanded once
+
+
 def test_deactivated_endpoint_gets_no_more_deliveries(alice, receiver):
     eid = register(alice, receiver.url)["webhook_endpoint_id"]
     (queued,) = cancelled_deliveries(alice, 1)
