@@ -215,6 +215,36 @@ def test_an_executed_chunk_costs_one_outbox_row_per_event_and_one_message(
     assert WebhookDelivery.objects.count() == 20
 
 
+def test_a_half_open_endpoint_gets_no_message_per_delivery_only_its_probe(
+    alice, receiver, monkeypatch
+):
+    """An endpoint whose circuit has lapsed (half-open) waits for its one probe
+    from the beat scan: dispatching a chunk's events sends none of its deliveries
+    (each would be a task only to be deferred), while a closed endpoint's go out."""
+    from payments import tasks
+
+    delivered = []
+    monkeypatch.setattr(
+        tasks.deliver_webhook, "apply_async", lambda args, **kw: delivered.append(args[0])
+    )
+    live = register(alice, receiver.url, events=("payment.cancelled",))["webhook_endpoint_id"]
+    lapsed = register(alice, receiver.url, events=("payment.cancelled",))["webhook_endpoint_id"]
+    WebhookEndpoint.objects.filter(pk=lapsed).update(
+        circuit_open_until=timezone.now() - timedelta(seconds=1), consecutive_failures=5
+    )
+    for _ in range(3):
+        payment_id = alice.schedule().json()["payment_id"]
+        alice.api.delete(f"/api/v1/payments/{payment_id}/cancel")
+    assert tasks.dispatch_webhooks(list(WebhookEvent.objects.values_list("pk", flat=True))) == 3
+    sent = WebhookDelivery.objects.filter(pk__in=delivered)
+    assert {str(d.endpoint_id) for d in sent} == {live} and len(delivered) == 3
+    assert WebhookDelivery.objects.filter(endpoint_id=lapsed).count() == 3  # waiting
+    probes = webhooks.due_delivery_ids()
+    assert [str(d.endpoint_id) for d in WebhookDelivery.objects.filter(pk__in=probes)].count(
+        lapsed
+    ) == 1
+
+
 def test_occurrence_failed_and_paused_events(alice, receiver, settings):
     from payments import recurring
     from payments.models import RecurringPayment
