@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.api_latency import create_client
-from bench.common import ROOT, percentile, prepare
+from bench.common import percentile, prepare, write_report
 
 
 def measure(call, n: int) -> dict:
@@ -115,10 +115,7 @@ def main() -> int:
             print(f"   {times} x {sql}")
     if args.profile:
         print(profile(schedule if args.profile == "schedule" else status, args.n, args.top))
-    out = ROOT / "bench" / "results" / f"{datetime.now(UTC):%Y-%m-%d}-{args.name}"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(report, indent=2))
-    print(f"report: {out / 'report.json'}")
+    write_report(args.name, report)
     return 0
 
 

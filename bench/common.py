@@ -10,11 +10,13 @@ processes started by ``Service``.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,6 +47,16 @@ def summarize(values: list[float], scale: float = 1.0, digits: int = 4) -> dict:
         value = percentile(ordered, p)
         out[name] = round(value * scale, digits) if value is not None else None
     return out
+
+
+def write_report(name: str, report: dict) -> Path:
+    """``bench/results/<UTC date>-<name>/report.json``; prints and returns its path."""
+    out = ROOT / "bench" / "results" / f"{datetime.now(UTC):%Y-%m-%d}-{name}"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "report.json"
+    path.write_text(json.dumps(report, indent=2))
+    print(f"report: {path}")
+    return path
 
 
 def recreate_database(name: str) -> str:

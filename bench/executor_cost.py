@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
-import json
 import pstats
 import sys
 import time
@@ -33,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.api_latency import create_client
-from bench.common import ROOT, bulk_schedule, prepare
+from bench.common import bulk_schedule, prepare, write_report
 
 CLIENTS = 10
 CLIENTS_WITH_ENDPOINTS = 5
@@ -140,10 +139,7 @@ def main() -> int:
     if profile_text:
         print(profile_text)
         report["profile"] = profile_text
-    out = ROOT / "bench" / "results" / f"{datetime.now(UTC):%Y-%m-%d}-{args.name}"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(report, indent=2))
-    print(f"report: {out / 'report.json'}")
+    write_report(args.name, report)
     return 0
 
 

@@ -89,8 +89,15 @@ def race(url, root):
 
 @pytest.mark.slow
 def test_stock_filesystem_transport_loses_half_written_messages(tmp_path):
-    """The reproduction: proves the race is real and that this test can see it."""
-    received, errors = race("filesystem-stock://", tmp_path)
+    """The reproduction: proves the race is real and that this test can see it.
+
+    A race: one round hit it in every run before, but a quiet moment can let
+    every reader miss the empty file (seen once in a full-suite run), so up to
+    five rounds, stopping at the first that shows it."""
+    for attempt in range(5):
+        received, errors = race("filesystem-stock://", tmp_path / f"round-{attempt}")
+        if errors:
+            break
     assert errors and set(errors) <= {"JSONDecodeError", "ChannelError"}, errors[:3]
     assert len(received) < WRITERS * PER_WRITER
 
