@@ -69,7 +69,12 @@ def race(url, root):
         process.start()
     for process in writers:
         process.join(120)
-        assert process.exitcode == 0, f"writer exit code {process.exitcode}"
+    if any(process.exitcode != 0 for process in writers):
+        # A writer died: the stock transport's control file (queue bindings) is
+        # written in place too, and a writer declaring its queue read it empty.
+        errors_in_writers = [process.exitcode for process in writers]
+    else:
+        errors_in_writers = []
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and any((root / "data").rglob("*.msg")):
         time.sleep(0.2)
@@ -84,7 +89,7 @@ def race(url, root):
         process.join(30)
         if process.is_alive():
             process.kill()
-    return received, errors
+    return received, errors, errors_in_writers
 
 
 @pytest.mark.slow
@@ -93,17 +98,22 @@ def test_stock_filesystem_transport_loses_half_written_messages(tmp_path):
 
     A race: one round hit it in every run before, but a quiet moment can let
     every reader miss the empty file (seen once in a full-suite run), so up to
-    five rounds, stopping at the first that shows it."""
+    five rounds, stopping at the first that shows it — a reader that read a
+    message file empty, or a writer that read the queue-binding file empty
+    (seen in another run: the stock transport writes both in place)."""
     for attempt in range(5):
-        received, errors = race("filesystem-stock://", tmp_path / f"round-{attempt}")
-        if errors:
+        received, errors, writers_failed = race(
+            "filesystem-stock://", tmp_path / f"round-{attempt}"
+        )
+        if errors or writers_failed:
             break
-    assert errors and set(errors) <= {"JSONDecodeError", "ChannelError"}, errors[:3]
+    assert errors or writers_failed, "no round showed the race"
+    assert set(errors) <= {"JSONDecodeError", "ChannelError"}, errors[:3]
     assert len(received) < WRITERS * PER_WRITER
 
 
 @pytest.mark.slow
 def test_embedded_transport_delivers_every_message_exactly_once(tmp_path):
-    received, errors = race("filesystem://", tmp_path)
-    assert errors == []
+    received, errors, writers_failed = race("filesystem://", tmp_path)
+    assert errors == [] and writers_failed == []
     assert sorted(received) == [(w, i) for w in range(WRITERS) for i in range(PER_WRITER)]
