@@ -1,15 +1,12 @@
 """Domain errors of the ledger. Each carries a stable ``code`` the API maps once."""
 
+from scheduler_project.errors import DomainError
 
-class LedgerError(Exception):
-    """Base class: a business rule refused the operation; nothing was written."""
+
+class LedgerError(DomainError):
+    """Base class: a ledger rule refused the operation; nothing was written."""
 
     code = "ledger_error"
-
-    def __init__(self, message: str = "", **details: object) -> None:
-        super().__init__(message or self.__class__.__doc__ or self.code)
-        self.message = message or (self.__class__.__doc__ or self.code).strip()
-        self.details = details
 
 
 class InvalidAmount(LedgerError):

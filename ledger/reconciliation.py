@@ -24,7 +24,7 @@ from django.db.models import Count, OuterRef, Subquery, Sum, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from .models import Account, Hold, HoldStatus, JournalEntry, Posting
+from .models import Account, Hold, HoldStatus, JournalEntry, Posting, ReconciliationRun
 
 CHUNK_SIZE = 5_000
 MAX_REPORTED = 100  # mismatches listed per check; all are counted
@@ -276,8 +276,6 @@ def reconcile(*, progress: Progress | None = None) -> ReconciliationReport:
 
 def reconcile_and_record(*, trigger: str, progress: Progress | None = None) -> ReconciliationReport:
     """Run every check and keep the result as a ``ReconciliationRun``."""
-    from .models import ReconciliationRun
-
     report = reconcile(progress=progress)
     ReconciliationRun.objects.create(
         started_at=report.started_at,

@@ -11,6 +11,7 @@ whoever can issue a client's token can move that client's money.
 """
 
 import uuid
+from datetime import timedelta
 
 from django import forms
 from django.contrib import admin, messages
@@ -20,12 +21,13 @@ from django.db import models
 from django.db.models import F, Q
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from django.utils import timezone
 from django.utils.html import format_html
 
 from ledger.admin import AccountAdmin as LedgerAccountAdmin
 from ledger.admin import ReadOnlyAdmin
-from ledger.exceptions import LedgerError
 from ledger.models import Account
+from scheduler_project.errors import DomainError
 
 from . import services, tokens
 from .formatting import duration_ms
@@ -106,10 +108,6 @@ class DueFilter(admin.SimpleListFilter):
         )
 
     def queryset(self, request, queryset):
-        from datetime import timedelta
-
-        from django.utils import timezone
-
         now = timezone.now()
         value = self.value()
         open_ = Q(status__in=[PaymentStatus.PENDING, PaymentStatus.QUEUED])
@@ -259,7 +257,7 @@ class PaymentAdmin(ReadOnlyAdmin):
             try:
                 service(payment_id)
                 done += 1
-            except LedgerError as exc:
+            except DomainError as exc:
                 self.message_user(request, f"{payment_id}: {exc.message}", messages.WARNING)
         if done:
             self.message_user(request, f"{done} payment(s) {verb}.", messages.SUCCESS)

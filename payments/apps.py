@@ -6,4 +6,7 @@ class PaymentsConfig(AppConfig):
     verbose_name = "Payments"
 
     def ready(self) -> None:
-        from . import reconciliation  # noqa: F401 - registers the payment checks
+        # Imported for their side effects once the app registry is ready (models
+        # load): reconciliation registers the payment checks, tasks connects
+        # the publisher of recorded webhook events (webhooks.events_recorded).
+        from . import reconciliation, tasks  # noqa: F401

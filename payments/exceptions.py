@@ -1,11 +1,17 @@
-"""Domain errors of payments; like ``LedgerError`` each has a stable ``code``."""
+"""Domain errors of payments; like ``LedgerError`` each has a stable ``code``.
+
+Not ``LedgerError`` subclasses: both derive from the neutral
+``scheduler_project.errors.DomainError``, so code that handles the ledger's
+refusals (the executor failing a payment, the materialiser failing an
+occurrence) cannot catch a payments error by accident.
+"""
 
 from __future__ import annotations
 
-from ledger.exceptions import LedgerError
+from scheduler_project.errors import DomainError
 
 
-class PaymentError(LedgerError):
+class PaymentError(DomainError):
     """A payment rule refused the operation; nothing was written."""
 
     code = "payment_error"
@@ -27,16 +33,6 @@ class InvalidRequest(PaymentError):
         """One field's rule, worded like the API's input validation: ``details.fields``
         carries ``message`` under ``name``, and the error's message is ``"name: message"``."""
         return cls(f"{name}: {message}", fields={name: message}, **details)
-
-
-def amount_over_limit(*, account_id: int, limit: int) -> InvalidRequest:
-    """An amount above the source account's ``max_payment_amount`` (set per account by staff)."""
-    return InvalidRequest.field(
-        "amount",
-        f"Must be at most {limit}, this account's max_payment_amount.",
-        account_id=account_id,
-        max_payment_amount=limit,
-    )
 
 
 class PaymentNotCancellable(PaymentError):
@@ -73,3 +69,17 @@ class LimitExceeded(PaymentError):
     """A per-client quota (active recurring schedules, webhook endpoints) is used up."""
 
     code = "limit_exceeded"
+
+
+class RecurringNotChangeable(PaymentError):
+    """The schedule has ended or was cancelled."""
+
+    code = "recurring_not_modifiable"
+
+
+class InvalidSchedule(ValueError):
+    """A cron expression, time zone or DST policy the occurrence calendar cannot use.
+
+    A ``ValueError`` of the calendar maths (``payments.calendar``); services turn
+    it into ``InvalidRequest`` on the field concerned.
+    """

@@ -11,6 +11,7 @@ import threading
 import time
 from datetime import timedelta
 
+import redis
 from django.conf import settings
 from django.db import connection
 from django.db.models import Count, Q
@@ -21,7 +22,7 @@ from ledger.models import ReconciliationRun
 
 from .clock import db_now
 from .models import DEAD_LETTER_CODE, Payment, PaymentStatus
-from .scheduling import queue_name
+from .routing import queue_name
 
 logger = logging.getLogger(__name__)
 
@@ -121,8 +122,6 @@ def queue_depths() -> dict[str, int] | None:
     url = settings.CELERY_BROKER_URL
     if not url.startswith(("redis://", "rediss://")):
         return None
-    import redis
-
     try:
         client = redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
         pipe = client.pipeline()

@@ -7,11 +7,13 @@ queue, keeps the enabled flag staff may have changed).
 
 from __future__ import annotations
 
-from django.conf import settings
+from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
-TIMERS = settings.TIMER_QUEUE
-RECURRING = settings.RECURRING_QUEUE
-WEBHOOKS = settings.WEBHOOK_QUEUE
+from . import routing
+
+TIMERS = routing.TIMER_QUEUE
+RECURRING = routing.RECURRING_QUEUE
+WEBHOOKS = routing.WEBHOOK_QUEUE
 
 # name, task, every (seconds), expires (seconds), queue: a beat message that
 # could not be consumed in time is dropped rather than piling up behind a busy
@@ -42,8 +44,6 @@ PERIODIC_TASKS = (
 
 def install_periodic_tasks(interval_model=None, task_model=None) -> list[str]:
     if interval_model is None or task_model is None:
-        from django_celery_beat.models import IntervalSchedule, PeriodicTask
-
         interval_model, task_model = IntervalSchedule, PeriodicTask
     installed = []
     for name, task, every, expires, queue in PERIODIC_TASKS:

@@ -16,6 +16,12 @@ from .exceptions import InvalidRequest, NotFound
 from .models import Payment
 
 
+def partitions_of(payment_ids: list[str]) -> dict[str, int]:
+    """Payment id → partition, for re-publishing chunk items to their queues."""
+    rows = Payment.objects.filter(pk__in=payment_ids).values_list("pk", "partition")
+    return {str(pk): partition for pk, partition in rows}
+
+
 def payments_for_client(client: AbstractBaseUser) -> QuerySet[Payment]:
     """The client's payments: those from accounts it owns (``Payment.owner``, no join)."""
     return Payment.objects.filter(owner=client)

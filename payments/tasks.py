@@ -1,4 +1,9 @@
-"""Celery tasks: thin wrappers that take ids and call services.
+"""Celery tasks: thin wrappers that take ids, call the engine, and publish.
+
+This is the only module that publishes messages: the engine and the
+services return what should be sent (claimed chunks, early arrivals, webhook
+events recorded in a transaction) and the functions here send it, after
+commit.
 
 Retry and split policy lives here (DESIGN §4.1): a chunk that hits a
 transient database error is retried with exponential backoff and jitter; after
@@ -13,12 +18,16 @@ from __future__ import annotations
 import logging
 import random
 import time
+from datetime import datetime
 
 from celery import shared_task
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError
+from django.dispatch import receiver
 
-from . import execution, metrics, scheduling
+from . import idempotency, metrics, routing, selectors, webhooks
+from .clock import db_now
+from .engine import executor, materializer, reaper, sweeper
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +37,51 @@ TRANSIENT = (OperationalError, InterfaceError, DatabaseError)
 def backoff_seconds(retries: int) -> float:
     """Exponential backoff with full jitter: uniform in [0, min(30, 0.2 * 2^n)]."""
     return random.uniform(0, min(30.0, 0.2 * 2**retries))  # noqa: S311 - jitter, not crypto
+
+
+# --- publishers ------------------------------------------------------------------------
+
+
+def publish_chunks(chunks: list[sweeper.Chunk], now: datetime) -> int:
+    """One ``execute_chunk`` message per chunk, on its partition's queue, with a
+    countdown to the chunk's due time (database clock ``now``); returns how many."""
+    for partition, eta, claims in chunks:
+        options = {"queue": routing.queue_name(partition)}
+        if eta > now:
+            options["countdown"] = (eta - now).total_seconds()
+        execute_chunk.apply_async(args=[[[c.payment_id, c.fence] for c in claims]], **options)
+    return len(chunks)
+
+
+def republish_not_due(items: list[tuple[str, int, datetime]]) -> None:
+    """Send early arrivals back with a countdown to their due time (DB clock)."""
+    now = db_now()
+    partitions = selectors.partitions_of([pid for pid, _, _ in items])
+    for pid, fence, due_at in items:
+        execute_chunk.apply_async(
+            args=[[[pid, fence]]],
+            queue=routing.queue_name(partitions.get(pid, 0)),
+            countdown=max((due_at - now).total_seconds(), 0.0),
+        )
+
+
+DISPATCH_BATCH = 500
+
+
+@receiver(webhooks.events_recorded)
+def publish_webhook_events(sender, event_ids: list[str], **kwargs) -> None:
+    """Hand a transaction's webhook events to the webhook worker: one message per
+    ``DISPATCH_BATCH`` events, never one per delivery (this runs after commit in
+    the process that made the change — a payment worker for every chunk)."""
+    for start in range(0, len(event_ids), DISPATCH_BATCH):
+        batch = event_ids[start : start + DISPATCH_BATCH]
+        try:
+            dispatch_webhooks.apply_async(args=[batch])
+        except Exception:  # broker down: the beat task dispatches them later
+            logger.warning("could not enqueue %s webhook events", len(batch), exc_info=True)
+
+
+# --- payment engine ----------------------------------------------------------------------
 
 
 @shared_task(
@@ -40,7 +94,7 @@ def backoff_seconds(retries: int) -> float:
 )
 def execute_chunk(self, items: list[list]) -> dict:
     try:
-        result = execution.execute_chunk([(pid, fence) for pid, fence in items])
+        result = executor.execute_chunk([(pid, fence) for pid, fence in items])
     except TRANSIENT as exc:
         metrics.chunk_retries.labels(error_class=type(exc).__name__).inc()
         retries = self.request.retries
@@ -52,11 +106,9 @@ def execute_chunk(self, items: list[list]) -> dict:
         if len(items) > 1:
             metrics.chunk_splits.inc()
             half = len(items) // 2
-            queue = scheduling.queue_name(
-                scheduling.partitions_of([items[0][0]]).get(items[0][0], 0)
-            )
+            partition = selectors.partitions_of([items[0][0]]).get(items[0][0], 0)
             for part in (items[:half], items[half:]):
-                execute_chunk.apply_async(args=[part], queue=queue)
+                execute_chunk.apply_async(args=[part], queue=routing.queue_name(partition))
             logger.warning("chunk of %s kept failing; split in two", len(items))
             return {"split": len(items)}
         logger.error(
@@ -68,12 +120,25 @@ def execute_chunk(self, items: list[list]) -> dict:
     if result.not_due:
         # Arrived early (publisher or worker clock ahead of the database):
         # re-publish with the remaining time; same fence, still QUEUED.
-        scheduling.republish_not_due(result.not_due)
+        republish_not_due(result.not_due)
     return {
         "completed": len(result.completed),
         "failed": len(result.failed),
         "stale": len(result.stale),
     }
+
+
+def sweep_once() -> sweeper.SweepResult:
+    """One sweep (claim, commit, publish), with its metrics; the command runs it too."""
+    result = sweeper.sweep_due(publish=publish_chunks)
+    metrics.sweep_runs.inc()
+    metrics.sweep_duration.observe(result.seconds)
+    metrics.executor_lag.set(result.lag)
+    if result.backpressure:
+        metrics.sweep_held_back.inc()
+    for size in result.batch_sizes:
+        metrics.sweep_batch_size.observe(size)
+    return result
 
 
 @shared_task(name="payments.sweep", ignore_result=True, acks_late=False)
@@ -91,14 +156,7 @@ def sweep() -> dict:
     tick = settings.PAYMENT_SWEEP_TICK_MS / 1000
     claimed = messages = 0
     while True:
-        result = scheduling.sweep_due()
-        metrics.sweep_runs.inc()
-        metrics.sweep_duration.observe(result.seconds)
-        metrics.executor_lag.set(result.lag)
-        if result.backpressure:
-            metrics.sweep_held_back.inc()
-        for size in result.batch_sizes:
-            metrics.sweep_batch_size.observe(size)
+        result = sweep_once()
         claimed, messages = claimed + result.claimed, messages + result.messages
         # nothing is claimed ahead (no lookahead, or catching up): keep ticking
         ticking = result.catching_up or settings.PAYMENT_LOOKAHEAD_SECONDS <= 0
@@ -109,62 +167,15 @@ def sweep() -> dict:
 
 @shared_task(name="payments.reap_leases", ignore_result=True, acks_late=False)
 def reap_leases() -> dict:
-    result = scheduling.reap_leases()
+    result = reaper.reap_leases()
     metrics.reaped.labels(outcome="requeued").inc(result.requeued)
     metrics.reaped.labels(outcome="dead_lettered").inc(result.dead_lettered)
     return {"requeued": result.requeued, "dead_lettered": result.dead_lettered}
 
 
-@shared_task(name="payments.purge_idempotency_keys", ignore_result=True)
-def purge_idempotency_keys() -> int:
-    from .idempotency import idempotency_purge_expired
-
-    return idempotency_purge_expired()
-
-
-@shared_task(name="payments.deliver_webhook", ignore_result=True, acks_late=True)
-def deliver_webhook(delivery_id: str) -> str | None:
-    from . import webhooks
-
-    status = webhooks.deliver(delivery_id)
-    if status == "pending":  # a failed attempt with retries left: come back at its time
-        delay = webhooks.retry_delay(delivery_id)
-        deliver_webhook.apply_async(args=[delivery_id], queue="webhooks", countdown=delay)
-    # None (deferred by an open circuit, or not due): the beat task resends it
-    # when due, so a dead endpoint's backlog holds no countdown messages.
-    return status
-
-
-@shared_task(name="payments.dispatch_webhooks", ignore_result=True, acks_late=True)
-def dispatch_webhooks(event_ids: list[str]) -> int:
-    """Expand one transaction's events into deliveries and send them (webhook worker)."""
-    from . import webhooks
-
-    delivery_ids = webhooks.dispatch(event_ids)
-    for delivery_id in delivery_ids:
-        deliver_webhook.apply_async(args=[delivery_id])
-    return len(delivery_ids)
-
-
-@shared_task(name="payments.retry_webhooks", ignore_result=True)
-def retry_webhooks() -> int:
-    """Beat safety net: (re)send pending deliveries whose time has come."""
-    from . import webhooks
-
-    events = webhooks.undispatched_event_ids()
-    if events:
-        dispatch_webhooks.apply_async(args=[events])
-    ids = webhooks.due_delivery_ids()
-    for delivery_id in ids:
-        deliver_webhook.apply_async(args=[delivery_id], queue="webhooks")
-    return len(ids)
-
-
 @shared_task(name="payments.materialize_recurring", ignore_result=True)
 def materialize_recurring() -> dict:
-    from . import recurring
-
-    result = recurring.materialize_due()
+    result = materializer.materialize_due()
     metrics.materialize_duration.observe(result.seconds)
     if result.budget_exhausted:
         metrics.materialize_budget_exhausted.inc()
@@ -184,3 +195,45 @@ def materialize_recurring() -> dict:
         "paused_on_error": result.paused_on_error,
         "budget_exhausted": result.budget_exhausted,
     }
+
+
+# --- maintenance and webhooks -----------------------------------------------------------
+
+
+@shared_task(name="payments.purge_idempotency_keys", ignore_result=True)
+def purge_idempotency_keys() -> int:
+    return idempotency.idempotency_purge_expired()
+
+
+@shared_task(name="payments.deliver_webhook", ignore_result=True, acks_late=True)
+def deliver_webhook(delivery_id: str) -> str | None:
+    status = webhooks.deliver(delivery_id)
+    if status == "pending":  # a failed attempt with retries left: come back at its time
+        delay = webhooks.retry_delay(delivery_id)
+        deliver_webhook.apply_async(
+            args=[delivery_id], queue=routing.WEBHOOK_QUEUE, countdown=delay
+        )
+    # None (deferred by an open circuit, or not due): the beat task resends it
+    # when due, so a dead endpoint's backlog holds no countdown messages.
+    return status
+
+
+@shared_task(name="payments.dispatch_webhooks", ignore_result=True, acks_late=True)
+def dispatch_webhooks(event_ids: list[str]) -> int:
+    """Expand one transaction's events into deliveries and send them (webhook worker)."""
+    delivery_ids = webhooks.dispatch(event_ids)
+    for delivery_id in delivery_ids:
+        deliver_webhook.apply_async(args=[delivery_id])
+    return len(delivery_ids)
+
+
+@shared_task(name="payments.retry_webhooks", ignore_result=True)
+def retry_webhooks() -> int:
+    """Beat safety net: (re)send pending deliveries whose time has come."""
+    events = webhooks.undispatched_event_ids()
+    if events:
+        dispatch_webhooks.apply_async(args=[events])
+    ids = webhooks.due_delivery_ids()
+    for delivery_id in ids:
+        deliver_webhook.apply_async(args=[delivery_id], queue=routing.WEBHOOK_QUEUE)
+    return len(ids)

@@ -10,6 +10,7 @@ import threading
 import time
 
 from django.conf import settings
+from django.contrib import admin
 from django.contrib.admin.views.decorators import staff_member_required
 from django.core.exceptions import PermissionDenied
 from django.db import connection
@@ -17,7 +18,14 @@ from django.http import HttpResponse, HttpResponseForbidden, JsonResponse
 from django.template.response import TemplateResponse
 from django.utils.formats import date_format
 from django.utils.timezone import localtime
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+from kombu import Connection
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    generate_latest,
+    multiprocess,
+)
 
 from . import formatting, ops
 from .clock import db_now
@@ -41,8 +49,6 @@ def readyz(request):
     except Exception as exc:
         checks["database"] = f"error: {type(exc).__name__}"
     try:
-        from kombu import Connection
-
         with Connection(
             settings.CELERY_BROKER_URL,
             connect_timeout=2,
@@ -100,8 +106,6 @@ def metrics(request):
 
 def render_exposition() -> bytes:
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        from prometheus_client import multiprocess
-
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
         registry.register(_database_collector)
@@ -218,8 +222,6 @@ def operations(request):
     time with seconds and its zone."""
     if not request.user.has_perm("payments.view_payment"):
         raise PermissionDenied
-    from django.contrib import admin
-
     backlog = ops.backlog_by_bucket()
     per_minute = ops.outcomes_per_minute(60)
     total_executed = sum(row["executed"] for row in per_minute)

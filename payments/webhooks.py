@@ -48,11 +48,12 @@ from datetime import timedelta
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
+from django.dispatch import Signal
 from django.utils import timezone
 
 from ledger.db import bulk_insert_rows
 
-from . import webhook_secrets, webhook_transport
+from . import metrics, webhook_secrets, webhook_transport
 from .clock import iso_timestamp
 from .exceptions import InvalidRequest, LimitExceeded, NotFound
 from .models import (
@@ -126,25 +127,14 @@ def emit(events: Iterable[tuple[int, str, dict]]) -> list[WebhookEvent]:
     if rows:
         bulk_insert_rows(rows, read_back=False)
         ids = [str(row.pk) for row in rows]
-        transaction.on_commit(lambda: _enqueue(ids))
+        transaction.on_commit(lambda: events_recorded.send(sender=None, event_ids=ids))
     return rows
 
 
-DISPATCH_BATCH = 500
-
-
-def _enqueue(event_ids: list[str]) -> None:
-    """Hand a transaction's events to the webhook worker: one message per
-    ``DISPATCH_BATCH`` events, never one per delivery (this runs after commit in
-    the process that made the change — a payment worker for every chunk)."""
-    from .tasks import dispatch_webhooks
-
-    for start in range(0, len(event_ids), DISPATCH_BATCH):
-        batch = event_ids[start : start + DISPATCH_BATCH]
-        try:
-            dispatch_webhooks.apply_async(args=[batch])
-        except Exception:  # broker down: the beat task dispatches them later
-            logger.warning("could not enqueue %s webhook events", len(batch), exc_info=True)
+# Sent after commit with the ids of the events a transaction recorded
+# (``event_ids``); ``payments.tasks`` publishes them to the webhook worker, so
+# this module never publishes itself (tasks is the only publisher).
+events_recorded = Signal()
 
 
 def dispatch(event_ids) -> list[str]:
@@ -426,8 +416,6 @@ def retry_delay(delivery_id) -> float:
 
 
 def _count(outcome: str) -> None:
-    from . import metrics
-
     metrics.webhook_deliveries.labels(outcome=outcome).inc()
 
 

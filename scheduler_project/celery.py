@@ -18,7 +18,7 @@ app.autodiscover_tasks()
 def _mark_metrics_process_dead(pid=None, **kwargs):
     """Multiprocess Prometheus: drop a dead pool process's live gauges."""
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        from prometheus_client import multiprocess
+        from prometheus_client import multiprocess  # only in multiprocess mode
 
         multiprocess.mark_process_dead(pid or os.getpid())
 
@@ -29,7 +29,7 @@ def _recycle_db_connections(task=None, **kwargs):
     """Django's per-request connection rule, per task (see CELERY_DB_REUSE_MAX)."""
     if task is not None and getattr(task.request, "is_eager", False):
         return  # eager (in-process) runs share the caller's connection and transaction
-    from django.db import close_old_connections
+    from django.db import close_old_connections  # Django is set up by the time tasks run
 
     close_old_connections()
 
@@ -41,7 +41,7 @@ def _local_root_is_not_a_finding(**kwargs):
     and production runs them as a non-root user (Dockerfile ``USER app``). A local run
     (DEBUG) as root — a container, a CI box — is told once in README, not at every start.
     """
-    from django.conf import settings
+    from django.conf import settings  # this module loads before Django's settings do
 
     if settings.DEBUG and settings.CELERY_ACCEPT_CONTENT == ["json"]:
         warnings.filterwarnings("ignore", category=SecurityWarning)

@@ -16,10 +16,11 @@ from django.conf import settings
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.db import InterfaceError, OperationalError
 from django.http import Http404, HttpResponse, JsonResponse
+from django.views.defaults import bad_request, page_not_found, permission_denied, server_error
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 
-from ledger.exceptions import LedgerError
+from scheduler_project.errors import DomainError
 
 logger = logging.getLogger(__name__)
 
@@ -186,7 +187,7 @@ def _api_exception_message(exc: exceptions.APIException, context) -> tuple[str, 
 
 
 def exception_handler(exc, context):
-    if isinstance(exc, LedgerError):
+    if isinstance(exc, DomainError):
         if exc.code not in ERROR_CODES:
             # A rule the API should have checked before reaching the service.
             return _internal_error(context)
@@ -232,8 +233,6 @@ def json_400(request, exception=None):
     ALLOWED_HOSTS, another SuspiciousOperation): JSON under /api/."""
     if is_api_path(request.path):
         return JsonResponse(error_body("validation_error", "Bad request."), status=400)
-    from django.views.defaults import bad_request
-
     return bad_request(request, exception)
 
 
@@ -241,8 +240,6 @@ def json_403(request, exception=None):
     """Django-level 403 (raised outside DRF, e.g. by a middleware): JSON under /api/."""
     if is_api_path(request.path):
         return JsonResponse(error_body("permission_denied", "Permission denied."), status=403)
-    from django.views.defaults import permission_denied
-
     return permission_denied(request, exception)
 
 
@@ -250,8 +247,6 @@ def json_404(request, exception=None):
     """Django-level 404 (no route matched): JSON under /api/, the usual page elsewhere."""
     if is_api_path(request.path):
         return JsonResponse(error_body("not_found", "Not found."), status=404)
-    from django.views.defaults import page_not_found
-
     return page_not_found(request, exception)
 
 
@@ -263,6 +258,4 @@ def json_500(request):
         return service_unavailable(request, exc)
     if is_api_path(request.path):
         return JsonResponse(error_body("internal_error", INTERNAL_ERROR_MESSAGE), status=500)
-    from django.views.defaults import server_error
-
     return server_error(request)

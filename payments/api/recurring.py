@@ -9,7 +9,7 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from .. import recurring, webhooks
+from .. import services, webhooks
 from ..exceptions import NotFound
 from ..models import RecurringOccurrence, RecurringPayment
 from ..selectors import decode_id_cursor, encode_cursor, newest_first_page
@@ -84,7 +84,7 @@ class RecurringCollectionView(APIView):
     @idempotent
     def post(self, request):
         data = _flatten(dict(parse(s.RecurringInput, request.data)))
-        schedule = recurring.recurring_create(client=request.user, **data)
+        schedule = services.recurring_create(client=request.user, **data)
         return Response(s.RecurringOutput(schedule).data, status=status.HTTP_201_CREATED)
 
 
@@ -110,7 +110,7 @@ class RecurringDetailView(APIView):
     def patch(self, request, recurring_id):
         schedule = _owned(request, recurring_id)
         data = _flatten(dict(parse(s.RecurringUpdateInput, request.data)))
-        schedule = recurring.recurring_update(schedule_id=schedule.pk, client=request.user, **data)
+        schedule = services.recurring_update(schedule_id=schedule.pk, client=request.user, **data)
         return Response(s.RecurringOutput(schedule).data)
 
 
@@ -122,7 +122,7 @@ class RecurringActionView(APIView):
     @idempotent
     def post(self, request, recurring_id):
         schedule = _owned(request, recurring_id)
-        schedule = recurring.recurring_set_status(
+        schedule = services.recurring_set_status(
             schedule_id=schedule.pk, client=request.user, action=self.action_name
         )
         return Response(s.RecurringOutput(schedule).data)

@@ -10,6 +10,8 @@ from rest_framework import serializers
 
 from ledger.models import AccountStatus, EntryKind
 
+from ..calendar import AMBIGUOUS_POLICIES, NONEXISTENT_POLICIES, planned
+from ..exceptions import InvalidSchedule
 from ..models import (
     OCCURRENCE_OUTCOMES,
     PAYMENT_EVENT_TYPES,
@@ -19,9 +21,8 @@ from ..models import (
     PaymentStatus,
     RecurringStatus,
 )
-from ..recurrence import AMBIGUOUS_POLICIES, NONEXISTENT_POLICIES
-from ..recurring import MISSED_RUN_POLICIES, ONE_OF_CRON_OR_INTERVAL
-from ..services import ONE_OF_DELAY_OR_TIME, delay_seconds_rule
+from ..services.recurring import MISSED_RUN_POLICIES, ONE_OF_CRON_OR_INTERVAL
+from ..services.rules import ONE_OF_DELAY_OR_TIME, delay_seconds_rule
 from ..webhooks import EVENT_TYPES
 
 METADATA_MAX_BYTES = 4096
@@ -65,7 +66,7 @@ class DelaySecondsField(StrictIntegerField):
 
     The bounds are read when the field is built (DRF rebuilds declared fields
     for every serializer instance), so the check, its message and the OpenAPI
-    schema follow the settings, and agree with ``services.resolve_due_at``.
+    schema follow the settings, and agree with ``services.rules.resolve_due_at``.
     """
 
     def __init__(self, **kwargs):
@@ -341,9 +342,6 @@ class RecurringOutput(serializers.Serializer):
     created_at = serializers.DateTimeField()
 
     def get_upcoming(self, obj) -> list[str]:
-        from ..recurrence import InvalidSchedule
-        from ..recurring import planned
-
         field = serializers.DateTimeField()
         try:
             return [field.to_representation(t) for t in planned(obj)]

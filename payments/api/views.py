@@ -16,9 +16,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from ledger import selectors as ledger_selectors
-from ledger.exceptions import LedgerError
+from scheduler_project.errors import DomainError
 
-from .. import execution, selectors, services
+from .. import selectors, services
 from ..exceptions import InvalidRequest, NotFound
 from ..idempotency import (
     idempotency_begin,
@@ -88,7 +88,7 @@ def idempotent(handler=None, *, stored_body=None):
             # (sent as JSON) may use the same key.
             idempotency_release(record=claim.record)
             raise
-        except (LedgerError, APIException) as exc:
+        except (DomainError, APIException) as exc:
             response = view.handle_exception(exc)
             if response.status_code >= 500:  # a bug, not a refusal: free the key
                 idempotency_release(record=claim.record)
@@ -364,7 +364,7 @@ class InternalExecuteView(APIView):
     )
     def post(self, request, payment_id):
         data = parse(InternalExecuteInput, request.data)
-        payment = execution.payment_execute_now(
+        payment = services.payment_execute_now(
             payment_id=parse_payment_id(payment_id), execution_id=data["execution_id"]
         )
         return Response({"execution_id": data["execution_id"], **s.PaymentOutput(payment).data})

@@ -14,6 +14,8 @@ from pathlib import Path
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
+from payments import routing
+
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 
 env = environ.Env()
@@ -443,18 +445,18 @@ CELERY_DB_REUSE_MAX = 2**62
 # A worker started without -Q/-X consumes every queue, which still works (the
 # process tests run so) but gives up that isolation.
 PAYMENT_PARTITIONS = env.int("PAYMENT_PARTITIONS", default=16)
-TIMER_QUEUE = "timers"
-RECURRING_QUEUE = "recurring"
-WEBHOOK_QUEUE = "webhooks"
-CELERY_TASK_DEFAULT_QUEUE = "default"
+TIMER_QUEUE = routing.TIMER_QUEUE
+RECURRING_QUEUE = routing.RECURRING_QUEUE
+WEBHOOK_QUEUE = routing.WEBHOOK_QUEUE
+CELERY_TASK_DEFAULT_QUEUE = routing.DEFAULT_QUEUE
 CELERY_TASK_QUEUES = {
     TIMER_QUEUE: {"exchange": TIMER_QUEUE, "routing_key": TIMER_QUEUE},
     RECURRING_QUEUE: {"exchange": RECURRING_QUEUE, "routing_key": RECURRING_QUEUE},
-    "default": {"exchange": "default", "routing_key": "default"},
-    **{
-        f"payments.p{n:02d}": {"exchange": "payments", "routing_key": f"payments.p{n:02d}"}
-        for n in range(PAYMENT_PARTITIONS)
+    CELERY_TASK_DEFAULT_QUEUE: {
+        "exchange": CELERY_TASK_DEFAULT_QUEUE,
+        "routing_key": CELERY_TASK_DEFAULT_QUEUE,
     },
+    **routing.payment_queues(PAYMENT_PARTITIONS),
     WEBHOOK_QUEUE: {"exchange": WEBHOOK_QUEUE, "routing_key": WEBHOOK_QUEUE},
 }
 CELERY_TASK_CREATE_MISSING_QUEUES = True

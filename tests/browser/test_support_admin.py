@@ -10,10 +10,11 @@ import pytest
 from django.apps import apps
 from django.contrib.auth.models import Group
 
-from payments import execution, services
+from payments import services
+from payments.engine import executor
 from payments.models import Payment
 from tests.factories import AccountFactory, UserFactory
-from tests.payments.engine import make_due, sweep
+from tests.payments.helpers import make_due, sweep
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -220,7 +221,7 @@ def test_back_office_reads_like_a_support_tool(
     executed = schedule[60]
     make_due(executed.pk, seconds_ago=2)
     _, published = sweep(monkeypatch)
-    execution.execute_chunk(published.items())
+    executor.execute_chunk(published.items())
     executed.refresh_from_db()
     assert executed.status == "COMPLETED"
     newest_due_first = [str(p.pk)[:8] for _, p in sorted(schedule.items(), reverse=True)]

@@ -115,9 +115,9 @@ def completed_payments():
 
     from django.utils import timezone
 
-    from payments import execution, scheduling
+    from payments.engine import executor
     from payments.models import Payment
-    from tests.payments.engine import bulk_schedule
+    from tests.payments.helpers import bulk_schedule, claim_batch
 
     source, target = AccountFactory(funded=1_000), AccountFactory()
     ids = bulk_schedule(
@@ -128,8 +128,8 @@ def completed_payments():
         due_at=timezone.now() - timedelta(seconds=1),
     )
     with transaction.atomic():
-        claims = scheduling._claim_batch(10)
-    execution.execute_chunk([(c.payment_id, c.fence) for c in claims])
+        claims = claim_batch(10)
+    executor.execute_chunk([(c.payment_id, c.fence) for c in claims])
     payments = list(Payment.objects.filter(pk__in=ids).order_by("pk"))
     assert [p.status for p in payments] == ["COMPLETED", "COMPLETED"]
     return payments

@@ -357,13 +357,13 @@ def test_cancel_queued_payment_releases_its_hold(alice):
     """A payment the sweeper has already claimed (QUEUED, leased, message on its
     way): cancelling it releases the hold, and the message that arrives later
     moves no money."""
-    from payments import execution, scheduling
-    from tests.payments.engine import make_due
+    from payments.engine import executor
+    from tests.payments.helpers import claim_batch, make_due
 
     payment_id = alice.schedule(amount=300).json()["payment_id"]
     make_due(payment_id)
     with transaction.atomic():
-        (claim,) = scheduling._claim_batch(10)
+        (claim,) = claim_batch(10)
     assert Payment.objects.get(pk=payment_id).status == "QUEUED"
     assert held(alice.account) == 300
     response = alice.api.delete(f"/api/v1/payments/{payment_id}/cancel")
@@ -374,7 +374,7 @@ def test_cancel_queued_payment_releases_its_hold(alice):
     assert (account.balance, account.held) == (10_000, 0)
     event = payment.events.get(type="cancelled")
     assert (event.from_status, event.to_status) == ("QUEUED", "CANCELLED")
-    execution.execute_chunk([(claim.payment_id, claim.fence)])  # the late message
+    executor.execute_chunk([(claim.payment_id, claim.fence)])  # the late message
     payment.refresh_from_db()
     assert payment.status == "CANCELLED" and payment.journal_entry_id is None
     assert not JournalEntry.objects.filter(reference=f"payment:{payment_id}").exists()

@@ -13,9 +13,9 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from ledger.models import Account
-from payments import recurring
 from payments.api.errors import ERROR_CODES
 from payments.clock import ISO_TIMESTAMP_FORMAT
+from payments.engine import materializer
 from payments.models import IdempotencyKey, Payment, RecurringPayment
 from tests.payments.conftest import dispatched
 from tests.payments.test_api import error, held, schedule_body
@@ -314,7 +314,7 @@ def test_created_at_is_not_after_updated_at_on_creation(alice, accounts_for_mate
     assert schedule.created_at == schedule.updated_at
     source, target = accounts_for_materialiser
     make_schedule(source, target, start=timezone.now() + timedelta(seconds=5))
-    assert recurring.materialize_due().scheduled == 1
+    assert materializer.materialize_due().scheduled == 1
     occurrence = Payment.objects.get(from_account_id=source)
     assert occurrence.created_at == occurrence.updated_at
 

@@ -10,10 +10,10 @@ from django.urls import reverse
 from django.utils import timezone
 
 from ledger.models import Account, JournalEntry, ReconciliationRun
-from payments import execution
+from payments.engine import executor, reaper
 from payments.models import Payment
 from tests.factories import UserFactory
-from tests.payments.engine import make_due, sweep
+from tests.payments.helpers import make_due, sweep
 
 pytestmark = pytest.mark.django_db
 
@@ -74,7 +74,7 @@ def test_payment_list_newest_due_first_with_short_ids_times_and_lateness(
     )
     make_due(early, seconds_ago=2)
     _, published = sweep(monkeypatch)
-    execution.execute_chunk(published.items())
+    executor.execute_chunk(published.items())
     executed = Payment.objects.get(pk=early)
     assert executed.status == "COMPLETED"
 
@@ -104,7 +104,7 @@ def test_payment_page_and_statement_show_times_to_the_second_and_link_the_paymen
     pid = alice.schedule(amount=70, description="rent").json()["payment_id"]
     make_due(pid)
     _, published = sweep(monkeypatch)
-    execution.execute_chunk(published.items())
+    executor.execute_chunk(published.items())
 
     page = support.get(reverse("admin:payments_payment_change", args=[pid])).content.decode()
     due = re.search(r'field-due_at.*?<div class="readonly">(.*?)</div>', page, re.S).group(1)
@@ -189,14 +189,13 @@ def test_privileged_staff_posts_balanced_adjustments(client, alice):
 
 
 def test_dead_letter_list_and_retry(support, alice, settings, monkeypatch):
-    from payments import scheduling
 
     settings.PAYMENT_MAX_ATTEMPTS = 1
     pid = alice.schedule(amount=50).json()["payment_id"]
     make_due(pid)
     sweep(monkeypatch)
     Payment.objects.filter(pk=pid).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
-    scheduling.reap_leases()
+    reaper.reap_leases()
     assert Payment.objects.get(pk=pid).error_code == "max_attempts_exceeded"
     page = support.get(reverse("admin:payments_deadletter_changelist"))
     assert pid in page.content.decode()
@@ -211,7 +210,7 @@ def test_operations_page_renders_figures_and_charts(support, alice, monkeypatch)
     ids = [alice.schedule(amount=10, delay_seconds=600).json()["payment_id"] for _ in range(3)]
     make_due(*ids[:2])
     _, published = sweep(monkeypatch)
-    execution.execute_chunk(published.items())
+    executor.execute_chunk(published.items())
     ReconciliationRun.objects.create(
         started_at=timezone.now(), duration_seconds=0.1, ok=True, mismatch_count=0, report={}
     )
@@ -432,7 +431,7 @@ def test_metrics_move_after_payments_execute(
     make_due(*ids)
     _, published = sweep(monkeypatch)
     with django_capture_on_commit_callbacks(execute=True):
-        execution.execute_chunk(published.items())
+        executor.execute_chunk(published.items())
     after = client.get("/metrics").content.decode()
     assert metric(after, "payments_executed_total") - metric(before, "payments_executed_total") == 4
     assert (

@@ -12,10 +12,11 @@ from django.utils import timezone
 from ledger import services as ledger
 from ledger.models import Account, JournalEntry
 from ledger.reconciliation import reconcile
-from payments import execution, scheduling
+from payments import transitions
 from payments.clock import db_now
+from payments.engine import executor, reaper, sweeper
 from payments.models import Payment, PaymentAttempt, PaymentStatus
-from tests.payments.engine import capture_publish, make_due, sweep
+from tests.payments.helpers import capture_publish, claim_batch, make_due, sweep
 
 pytestmark = pytest.mark.django_db
 
@@ -55,7 +56,7 @@ def test_lookahead_publishes_with_eta_not_early(alice, monkeypatch):
     (_, _, countdown) = published[0]
     assert 0.3 < countdown <= 0.6
     # delivered now anyway (early): not executed, handed back
-    outcome = execution.execute_chunk(published.items())
+    outcome = executor.execute_chunk(published.items())
     assert outcome.completed == [] and [i[0] for i in outcome.not_due] == [pid]
     assert Payment.objects.get(pk=pid).status == "QUEUED"
     assert JournalEntry.objects.filter(reference=f"payment:{pid}").count() == 0
@@ -65,7 +66,7 @@ def test_executor_moves_money_once_and_records_history(alice, monkeypatch):
     ids = schedule(alice, 3, amount=100)
     make_due(*ids)
     _, published = sweep(monkeypatch)
-    outcome = execution.execute_chunk(published.items())
+    outcome = executor.execute_chunk(published.items())
     assert sorted(outcome.completed) == sorted(ids)
     assert balances(alice) == [9_700, 300]
     assert Account.objects.get(pk=alice.account.pk).held == 0
@@ -79,7 +80,7 @@ def test_executor_moves_money_once_and_records_history(alice, monkeypatch):
         types = list(payment.events.order_by("pk").values_list("type", flat=True))
         assert types == ["scheduled", "queued", "executed"]
     # the same chunk delivered again: stale, nothing moves
-    again = execution.execute_chunk(published.items())
+    again = executor.execute_chunk(published.items())
     assert again.completed == [] and sorted(again.stale) == sorted(ids)
     assert balances(alice) == [9_700, 300]
     assert reconcile().ok
@@ -90,15 +91,15 @@ def test_old_fence_after_reap_is_fenced_out(alice, monkeypatch):
     make_due(pid)
     _, first = sweep(monkeypatch)
     Payment.objects.filter(pk=pid).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
-    assert scheduling.reap_leases().requeued == 1
+    assert reaper.reap_leases().requeued == 1
     payment = Payment.objects.get(pk=pid)
     assert (payment.status, payment.fence) == ("PENDING", 2)
     make_due(pid)
     _, second = sweep(monkeypatch)
     assert second.items() == [(pid, 3)]
-    assert execution.execute_chunk(first.items()).stale == [pid]  # old message
-    assert execution.execute_chunk(second.items()).completed == [pid]
-    assert execution.execute_chunk(second.items()).stale == [pid]  # duplicate
+    assert executor.execute_chunk(first.items()).stale == [pid]  # old message
+    assert executor.execute_chunk(second.items()).completed == [pid]
+    assert executor.execute_chunk(second.items()).stale == [pid]  # duplicate
     assert JournalEntry.objects.filter(reference=f"payment:{pid}").count() == 1
 
 
@@ -108,7 +109,7 @@ def test_business_failure_fails_one_payment_and_releases_its_hold(alice, bob, mo
     ledger.account_set_status(account_id=bob.account.pk, status="frozen")
     make_due(*good, bad)
     _, published = sweep(monkeypatch)
-    outcome = execution.execute_chunk(published.items())
+    outcome = executor.execute_chunk(published.items())
     assert sorted(outcome.completed) == sorted(good) and outcome.failed == [bad]
     payment = Payment.objects.get(pk=bad)
     assert (payment.status, payment.error_code) == ("FAILED", "account_not_active")
@@ -123,7 +124,7 @@ def test_cancelled_while_queued_is_skipped(alice, monkeypatch):
     make_due(pid)
     _, published = sweep(monkeypatch)
     assert alice.api.delete(f"/api/v1/payments/{pid}/cancel").status_code == 200
-    assert execution.execute_chunk(published.items()).stale == [pid]
+    assert executor.execute_chunk(published.items()).stale == [pid]
     assert balances(alice) == [10_000, 0]
     assert Payment.objects.get(pk=pid).status == "CANCELLED"
 
@@ -137,7 +138,7 @@ def test_dead_letter_after_max_attempts(alice, monkeypatch):
         Payment.objects.filter(pk=pid).update(
             lease_expires_at=timezone.now() - timedelta(seconds=1)
         )
-        scheduling.reap_leases()
+        reaper.reap_leases()
     payment = Payment.objects.get(pk=pid)
     assert (payment.status, payment.error_code, payment.attempts) == (
         "FAILED",
@@ -157,7 +158,7 @@ def test_reaper_backs_off_repeated_failures(alice, monkeypatch):
     Payment.objects.filter(pk=pid).update(
         attempts=3, lease_expires_at=timezone.now() - timedelta(seconds=1)
     )
-    scheduling.reap_leases()
+    reaper.reap_leases()
     payment = Payment.objects.get(pk=pid)
     assert payment.run_at > timezone.now() + timedelta(seconds=3)  # 2^(3-1) s
     assert payment.due_at < timezone.now()
@@ -168,14 +169,14 @@ def test_chunking_by_partition_size_and_spread(settings):
     settings.PAYMENT_CHUNK_SPREAD_MS = 50
     t0 = timezone.now()
     claims = [
-        scheduling.Claimed("a", 1, 0, t0),
-        scheduling.Claimed("b", 1, 0, t0 + timedelta(milliseconds=10)),
-        scheduling.Claimed("c", 1, 0, t0 + timedelta(milliseconds=20)),
-        scheduling.Claimed("d", 1, 0, t0 + timedelta(milliseconds=500)),
-        scheduling.Claimed("e", 1, 3, t0),
+        transitions.Claimed("a", 1, 0, t0),
+        transitions.Claimed("b", 1, 0, t0 + timedelta(milliseconds=10)),
+        transitions.Claimed("c", 1, 0, t0 + timedelta(milliseconds=20)),
+        transitions.Claimed("d", 1, 0, t0 + timedelta(milliseconds=500)),
+        transitions.Claimed("e", 1, 3, t0),
     ]
     chunks = [
-        (p, eta, [c.payment_id for c in chunk]) for p, eta, chunk in scheduling.chunk_claims(claims)
+        (p, eta, [c.payment_id for c in chunk]) for p, eta, chunk in sweeper.chunk_claims(claims)
     ]
     assert chunks == [
         (0, t0 + timedelta(milliseconds=10), ["a", "b"]),
@@ -192,20 +193,20 @@ def test_overdue_claims_are_not_split_by_the_spread(settings):
     settings.PAYMENT_CHUNK_SPREAD_MS = 50
     now = timezone.now()
     due = [now - timedelta(seconds=s) for s in (9, 6, 3, 1, 0)]
-    claims = [scheduling.Claimed(f"o{i}", 1, 0, d) for i, d in enumerate(due)]
+    claims = [transitions.Claimed(f"o{i}", 1, 0, d) for i, d in enumerate(due)]
     claims += [
-        scheduling.Claimed("f1", 1, 0, now + timedelta(milliseconds=100)),
-        scheduling.Claimed("f2", 1, 0, now + timedelta(milliseconds=400)),
+        transitions.Claimed("f1", 1, 0, now + timedelta(milliseconds=100)),
+        transitions.Claimed("f2", 1, 0, now + timedelta(milliseconds=400)),
     ]
-    chunks = [[c.payment_id for c in chunk] for _, _, chunk in scheduling.chunk_claims(claims, now)]
+    chunks = [[c.payment_id for c in chunk] for _, _, chunk in sweeper.chunk_claims(claims, now)]
     assert chunks == [["o0", "o1", "o2"], ["o3", "o4"], ["f1"], ["f2"]]
     # without "now" every gap counts, as before
-    assert len(scheduling.chunk_claims(claims)) == 7
+    assert len(sweeper.chunk_claims(claims)) == 7
 
 
 def _claim_and_age(n, claimed_seconds_ago, settings):
     with transaction.atomic():
-        claims = scheduling._claim_batch(n)
+        claims = claim_batch(n)
     ids = [c.payment_id for c in claims]
     Payment.objects.filter(pk__in=ids).update(
         lease_expires_at=db_now()
@@ -225,9 +226,9 @@ def test_sweep_holds_back_while_live_claims_are_past_half_their_lease(alice, mon
     ids = schedule(alice, 4)
     make_due(*ids)
     _claim_and_age(1, 40, settings)  # one lost message, claimed 40 s ago
-    assert scheduling.executor_state() == scheduling.ExecutorState(behind=False, lag=0.0)
+    assert sweeper.executor_state() == sweeper.ExecutorState(behind=False, lag=0.0)
     (waiting,) = _claim_and_age(1, 40, settings)  # a second one: the executors are behind
-    state = scheduling.executor_state()
+    state = sweeper.executor_state()
     assert state.behind and 39 < state.lag < 45
     result, _ = sweep(monkeypatch)
     assert result.backpressure and result.claimed == 0
@@ -239,7 +240,7 @@ def test_sweep_holds_back_while_live_claims_are_past_half_their_lease(alice, mon
     result, _ = sweep(monkeypatch)
     assert not result.backpressure and result.claimed == 2 and 9 < result.lag < 15
     settings.PAYMENT_LOST_CLAIMS_TOLERATED = 0  # now the lost one counts
-    assert scheduling.executor_state().behind
+    assert sweeper.executor_state().behind
 
 
 def test_lagging_executors_get_only_due_payments_in_full_chunks(alice, monkeypatch, settings):
@@ -260,7 +261,7 @@ def test_lagging_executors_get_only_due_payments_in_full_chunks(alice, monkeypat
     Payment.objects.filter(pk__in=overdue).update(run_at=db_now() + timedelta(hours=1))
     _claim_and_age(1, 2, settings)  # claimed 2 s ago, still waiting for a worker
     Payment.objects.filter(pk__in=overdue).update(run_at=db_now() - timedelta(seconds=1))
-    state = scheduling.executor_state()
+    state = sweeper.executor_state()
     assert not state.behind and 1.9 < state.lag < 3
     result, published = sweep(monkeypatch)
     assert result.catching_up and not result.backpressure
@@ -268,8 +269,8 @@ def test_lagging_executors_get_only_due_payments_in_full_chunks(alice, monkeypat
         sorted(p for p, _ in published.items()) == sorted(overdue) and result.messages == 1
     )  # one full chunk
     assert set(Payment.objects.filter(pk__in=ahead).values_list("status", flat=True)) == {"PENDING"}
-    execution.execute_chunk(published.items())  # the executors catch up
-    execution.execute_chunk([(waiting, Payment.objects.get(pk=waiting).fence)])
+    executor.execute_chunk(published.items())  # the executors catch up
+    executor.execute_chunk([(waiting, Payment.objects.get(pk=waiting).fence)])
     result, published = sweep(monkeypatch)
     assert not result.catching_up and sorted(p for p, _ in published.items()) == sorted(ahead)
     assert result.messages == 2  # not yet due: the spread applies again
@@ -294,7 +295,7 @@ def test_backlog_is_topped_up_in_whole_batches(alice, monkeypatch, settings):
     result, published = sweep(monkeypatch)
     assert result.claimed == 3 and result.backpressure  # 2 would fit, not a batch
     first = next(iter(published.items()))
-    execution.execute_chunk([first])  # one done: 2 QUEUED, room 3
+    executor.execute_chunk([first])  # one done: 2 QUEUED, room 3
     result, _ = sweep(monkeypatch)
     assert result.claimed == 3 and result.backpressure
 
@@ -394,7 +395,7 @@ def test_idle_sweep_and_reaper_do_not_scan_far_future_rows(alice):
     index scan: an idle sweep read all pending rows (28 ms at 50,000, growing
     with the backlog). ``statement_timestamp()`` is stable and can.
     """
-    from tests.payments.engine import bulk_schedule
+    from tests.payments.helpers import bulk_schedule
 
     far = timezone.now() + timedelta(days=30)
     bulk_schedule(
@@ -404,13 +405,13 @@ def test_idle_sweep_and_reaper_do_not_scan_far_future_rows(alice):
         amount=1,
         due_at=far,
     )
-    plan = _explain(scheduling._CLAIM_SQL, {"lookahead": 1, "limit": 2000, "lease": 60})
+    plan = _explain(transitions._CLAIM_SQL, {"lookahead": 1, "limit": 2000, "lease": 60})
     scan = _index_scan(plan, "payments_pending_run_at")
     assert scan is not None and "run_at" in scan.get("Index Cond", ""), scan
     assert scan.get("Rows Removed by Filter", 0) == 0 and scan["Actual Rows"] == 0
 
     Payment.objects.update(status="QUEUED", lease_expires_at=far)
-    plan = _explain(scheduling._REQUEUE_SQL, {"max_attempts": 5, "limit": 10_000})
+    plan = _explain(transitions._REQUEUE_SQL, {"max_attempts": 5, "limit": 10_000})
     scan = _index_scan(plan, "payments_queued_lease")
     assert scan is not None and "lease_expires_at" in scan.get("Index Cond", ""), scan
     assert scan.get("Rows Removed by Filter", 0) == 0 and scan["Actual Rows"] == 0
@@ -426,7 +427,7 @@ def test_reconcile_orphan_check_uses_the_entry_index_with_stale_statistics(alice
     from django.db import connection, transaction
 
     from payments.reconciliation import orphan_entries
-    from tests.payments.engine import bulk_schedule
+    from tests.payments.helpers import bulk_schedule
 
     ids = bulk_schedule(
         sources=[alice.account.pk],
@@ -439,8 +440,8 @@ def test_reconcile_orphan_check_uses_the_entry_index_with_stale_statistics(alice
         cursor.execute("ANALYZE payments_payment")
         cursor.execute("ANALYZE ledger_journalentry")
     with transaction.atomic():
-        claims = scheduling._claim_batch(1_000)
-    execution.execute_chunk([(c.payment_id, c.fence) for c in claims])
+        claims = claim_batch(1_000)
+    executor.execute_chunk([(c.payment_id, c.fence) for c in claims])
     assert Payment.objects.filter(pk__in=ids, status="COMPLETED").count() == 300
 
     sql, params = orphan_entries().query.sql_with_params()
@@ -476,10 +477,10 @@ def test_catching_up_the_sweep_ticks_within_its_beat_interval(alice, monkeypatch
     assert time.monotonic() - started < 1.0  # within the beat interval
     # caught up: one sweep and back
     for pid in (waiting, soon):
-        execution.execute_chunk([(pid, Payment.objects.get(pk=pid).fence)])
+        executor.execute_chunk([(pid, Payment.objects.get(pk=pid).fence)])
     runs = []
-    real = scheduling.sweep_due
-    monkeypatch.setattr(scheduling, "sweep_due", lambda: runs.append(1) or real())
+    real = tasks.sweep_once
+    monkeypatch.setattr(tasks, "sweep_once", lambda: runs.append(1) or real())
     tasks.sweep()
     assert runs == [1]
 
@@ -498,8 +499,8 @@ def test_without_lookahead_the_sweep_ticks_within_its_beat_interval(alice, monke
     Payment.objects.filter(pk=soon).update(due_at=due, run_at=due)
     published = capture_publish(monkeypatch)
     runs = []
-    real = scheduling.sweep_due
-    monkeypatch.setattr(scheduling, "sweep_due", lambda: runs.append(1) or real())
+    real = tasks.sweep_once
+    monkeypatch.setattr(tasks, "sweep_once", lambda: runs.append(1) or real())
     result = tasks.sweep()
     assert result["claimed"] == 1 and published.items()[0][0] == soon
     assert len(runs) > 1
@@ -521,7 +522,7 @@ def test_reconcile_names_a_completed_payment_whose_entry_is_not_its_own(alice, m
     ids = schedule(alice, 2)
     make_due(*ids)
     _, published = sweep(monkeypatch)
-    assert sorted(execution.execute_chunk(published.items()).completed) == sorted(ids)
+    assert sorted(executor.execute_chunk(published.items()).completed) == sorted(ids)
     clean = _payment_check()
     assert (clean["ok"], clean["rows_checked"], clean["mismatches"]) == (True, 2, [])
 

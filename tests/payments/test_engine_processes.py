@@ -14,13 +14,14 @@ from django.utils import timezone
 
 from ledger.models import Account, JournalEntry
 from ledger.reconciliation import reconcile
-from payments import scheduling
+from payments import routing, tasks
 from payments.clock import db_now
+from payments.engine import reaper
 from payments.models import Payment
 from payments.periodic import install_periodic_tasks
 from tests.factories import AccountFactory, UserFactory
 from tests.payments.conftest import Client
-from tests.payments.engine import bulk_schedule
+from tests.payments.helpers import bulk_schedule, claim_batch, publish_claims
 from tests.processes import Processes, flush_broker, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -127,18 +128,18 @@ def test_duplicate_and_old_fence_messages_execute_once(procs):
     for _ in range(2):
         # claim without a worker running, capture fences, then expire and reclaim
         with transaction.atomic():
-            claims = scheduling._claim_batch(1000)
+            claims = claim_batch(1000)
         first.append(claims)
         Payment.objects.filter(pk__in=ids).update(
             lease_expires_at=timezone.now() - timedelta(seconds=1)
         )
-        scheduling.reap_leases()
+        reaper.reap_leases()
         Payment.objects.filter(pk__in=ids).update(run_at=db_now())
     with transaction.atomic():
-        current = scheduling._claim_batch(1000)
+        current = claim_batch(1000)
     # old-fence messages, the current message twice
     for claims in (*first, current, current):
-        scheduling.publish_claims(claims)
+        publish_claims(claims)
     worker = procs.worker()
     wait_until(lambda: all_completed(ids), 60, message="50 payments COMPLETED")
     wait_until(lambda: not _broker_backlog(), 30, message="broker drained")
@@ -169,7 +170,7 @@ def test_broker_wiped_is_recovered_by_the_reaper(procs):
     sources = [AccountFactory(owner=owner, funded=1_000).pk for _ in range(10)]
     target = AccountFactory().pk
     ids = bulk_schedule(sources=sources, targets=[target], count=200, amount=1, due_at=db_now())
-    result = scheduling.sweep_due()  # claimed and published, no worker yet
+    result = tasks.sweep_once()  # claimed and published, no worker yet
     assert result.claimed == 200
     assert _broker_backlog() > 0  # the messages are in Redis …
     flush_broker()
@@ -230,9 +231,9 @@ def test_message_before_due_time_is_not_executed_early(procs):
     # claim it now (3 s early) and deliver the message at once, without ETA
     Payment.objects.filter(pk=pid).update(run_at=db_now())
     with transaction.atomic():
-        (claim,) = scheduling._claim_batch(10)
+        (claim,) = claim_batch(10)
     execute_chunk.apply_async(
-        args=[[[claim.payment_id, claim.fence]]], queue=scheduling.queue_name(claim.partition)
+        args=[[[claim.payment_id, claim.fence]]], queue=routing.queue_name(claim.partition)
     )
     wait_until(lambda: all_completed([pid]), 30, message="payment COMPLETED")
     payment = Payment.objects.get(pk=pid)
@@ -265,7 +266,7 @@ def test_worker_keeps_its_db_connection_and_replaces_a_killed_one(procs):
         (pid,) = bulk_schedule(
             sources=[source], targets=[target], count=1, amount=5, due_at=db_now()
         )
-        scheduling.sweep_due()  # no beat: the worker is the only other client of the database
+        tasks.sweep_once()  # no beat: the worker is the only other client of the database
         wait_until(lambda: all_completed([pid]), 30, message="payment COMPLETED")
         return pid
 

@@ -38,10 +38,10 @@ from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
-from payments import recurring, services, webhooks
+from payments import services, tasks, webhooks
 from payments.api.auth import ClientRateThrottle, InternalRateThrottle
-from payments.execution import payment_execute_now
 from payments.models import IdempotencyKey, Payment
+from payments.services import payment_execute_now
 from scheduler_project.wsgi import application
 from tests.payments.conftest import Client
 
@@ -90,7 +90,7 @@ class Resources:
         return str(payment.pk)
 
     def new_recurring(self) -> str:
-        schedule = recurring.recurring_create(
+        schedule = services.recurring_create(
             client=self.user,
             from_account_id=self.account_id,
             to_account_id=self.other_account_id,
@@ -198,7 +198,7 @@ def declared_fields(operation) -> set[str]:
 def resources(db, settings, monkeypatch, fake_dns):
     settings.INTERNAL_API_TOKEN = INTERNAL_TOKEN
     # Webhook URLs must resolve to a public address: the aimed cases' host does
-    # (and is never called: see _enqueue below). Every write case on an endpoint
+    # (and is never called: see dispatch_webhooks below). Every write case on an endpoint
     # gets a fresh one, so the per-client quota is lifted.
     fake_dns["hooks.example.test"] = ["93.184.215.14"]
     settings.WEBHOOK_MAX_ENDPOINTS_PER_CLIENT = 10**6
@@ -211,7 +211,7 @@ def resources(db, settings, monkeypatch, fake_dns):
     monkeypatch.setattr(InternalRateThrottle, "rate", "1000000/s", raising=False)
     # Webhook deliveries are written as usual but not published to the broker:
     # a worker elsewhere must not POST to URLs the fuzzer made up.
-    monkeypatch.setattr(webhooks, "_enqueue", lambda ids: None)
+    monkeypatch.setattr(tasks.dispatch_webhooks, "apply_async", lambda *a, **kw: None)
     return Resources(Client("fuzz", balance=10**9))
 
 

@@ -47,13 +47,13 @@ def test_a_payee_cannot_reach_a_payment_made_into_its_account(alice, bob):
     """Bob owns the destination, not the source: alice's payment to him is not his
     to read, list, change, cancel or audit — 404 on every path, before and after
     it executes (README: a client sees only payments from accounts it owns)."""
-    from payments import execution
-    from tests.payments.engine import make_due
+    from payments.engine import executor
+    from tests.payments.helpers import make_due
 
     pending = alice.schedule(to_account_id=bob.account.pk, amount=300).json()["payment_id"]
     done = alice.schedule(to_account_id=bob.account.pk, amount=200).json()["payment_id"]
     make_due(done)
-    execution.execute_chunk(_claims_of(done))
+    executor.execute_chunk(_claims_of(done))
     assert Payment.objects.get(pk=done).status == "COMPLETED"
     assert Account.objects.get(pk=bob.account.pk).balance == 10_200  # he was paid
     before = snapshot()
@@ -95,10 +95,10 @@ def _claims_of(*payment_ids):
     """Claim these payments as the sweeper would: (id, fence) pairs for the executor."""
     from django.db import transaction
 
-    from payments import scheduling
+    from tests.payments.helpers import claim_batch
 
     with transaction.atomic():
-        claims = scheduling._claim_batch(100)
+        claims = claim_batch(100)
     return [(c.payment_id, c.fence) for c in claims if c.payment_id in payment_ids]
 
 

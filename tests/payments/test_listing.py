@@ -30,7 +30,7 @@ from payments.selectors import (
     payment_list,
 )
 from tests.factories import AccountFactory, UserFactory
-from tests.payments.engine import bulk_schedule
+from tests.payments.helpers import bulk_schedule
 from tests.plans import captured_sql, explain, index_scan, node_types
 
 pytestmark = pytest.mark.django_db

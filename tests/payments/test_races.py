@@ -8,13 +8,14 @@ from django.db import connection, transaction
 
 from ledger.models import Account, Hold, HoldStatus, JournalEntry
 from ledger.reconciliation import reconcile
-from payments import execution, scheduling, services
+from payments import services
 from payments.clock import db_now
+from payments.engine import executor
 from payments.exceptions import PaymentNotCancellable
 from payments.models import Payment
 from tests.concurrency import run_in_threads
 from tests.factories import AccountFactory, UserFactory
-from tests.payments.engine import bulk_schedule
+from tests.payments.helpers import bulk_schedule, claim_batch
 
 TRIALS = 60
 
@@ -28,7 +29,7 @@ def test_cancel_racing_execution_is_one_or_the_other():
         sources=[source], targets=[target], count=TRIALS, amount=10, due_at=db_now()
     )
     with transaction.atomic():
-        claims = {c.payment_id: c.fence for c in scheduling._claim_batch(TRIALS)}
+        claims = {c.payment_id: c.fence for c in claim_batch(TRIALS)}
     outcomes = {"cancelled": 0, "completed": 0}
     answers: dict[str, tuple[str, str]] = {}  # what cancel told its caller
     errors = []
@@ -39,7 +40,7 @@ def test_cancel_racing_execution_is_one_or_the_other():
         def execute(pid=pid, barrier=barrier):
             try:
                 barrier.wait()
-                execution.execute_chunk([(pid, claims[pid])])
+                executor.execute_chunk([(pid, claims[pid])])
             except Exception as exc:
                 errors.append(exc)
             finally:
@@ -102,10 +103,10 @@ def test_transient_errors_retry_then_split_to_isolate_a_poison_payment(monkeypat
         calls.append([pid for pid, _ in chunk])
         if any(pid == poison for pid, _ in chunk):
             raise OperationalError("server closed the connection unexpectedly")
-        return execution.ChunkResult(completed=[pid for pid, _ in chunk])
+        return executor.ChunkResult(completed=[pid for pid, _ in chunk])
 
     published = []
-    monkeypatch.setattr(execution, "execute_chunk", flaky)
+    monkeypatch.setattr(executor, "execute_chunk", flaky)
     monkeypatch.setattr(tasks, "backoff_seconds", lambda retries: 0)
     monkeypatch.setattr(
         tasks.execute_chunk, "apply_async", lambda args, queue, **kw: published.append(args[0])

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from payments.recurrence import InvalidSchedule, Spec, upcoming, validate_cron, zone
+from payments.calendar import InvalidSchedule, Spec, upcoming, validate_cron, zone
 
 NY = "America/New_York"
 

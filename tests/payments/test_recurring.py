@@ -9,7 +9,8 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from ledger.models import Account
-from payments import recurring
+from payments import calendar
+from payments.engine import executor, materializer
 from payments.models import Payment, RecurringOccurrence, RecurringPayment
 from tests.factories import AccountFactory, UserFactory
 from tests.payments.test_api import error
@@ -246,7 +247,7 @@ def test_dst_policy_reaches_upcoming_and_materialised_payments(
     assert parsed == expected[:5]
     assert datetime.fromisoformat(body["next_run_at"]) == expected[0]
 
-    result = recurring.materialize_due()
+    result = materializer.materialize_due()
     assert (result.scheduled, result.skipped, result.failed) == (len(expected), 0, 0)
     schedule = RecurringPayment.objects.get(pk=body["recurring_payment_id"])
     occurrences = RecurringOccurrence.objects.filter(recurring=schedule).order_by("scheduled_for")
@@ -284,7 +285,7 @@ def test_materialiser_places_hold_and_creates_payment_shortly_before_due(account
     source, target = accounts
     start = timezone.now() + timedelta(seconds=30)
     schedule = make_schedule(source, target, start=start, amount=70)
-    result = recurring.materialize_due()
+    result = materializer.materialize_due()
     assert (result.scheduled, result.failed, result.skipped) == (1, 0, 0)
     occurrence = RecurringOccurrence.objects.get(recurring=schedule)
     payment = occurrence.payment
@@ -295,18 +296,18 @@ def test_materialiser_places_hold_and_creates_payment_shortly_before_due(account
     assert Account.objects.get(pk=source).held == 70
     schedule.refresh_from_db()
     assert schedule.next_run_at == start + timedelta(hours=1)
-    assert recurring.materialize_due().scheduled == 0  # next one is an hour away
+    assert materializer.materialize_due().scheduled == 0  # next one is an hour away
 
 
 def test_jitter_is_deterministic_and_bounded(accounts):
     source, target = accounts
     start = timezone.now() + timedelta(seconds=20)
     schedule = make_schedule(source, target, start=start, jitter_seconds=30)
-    recurring.materialize_due()
+    materializer.materialize_due()
     payment = Payment.objects.get(recurring=schedule)
     delay = (payment.due_at - start).total_seconds()
     assert 0 <= delay <= 30
-    assert recurring.jitter_for(schedule, start).total_seconds() == pytest.approx(delay, abs=0.001)
+    assert calendar.jitter_for(schedule, start).total_seconds() == pytest.approx(delay, abs=0.001)
 
 
 def test_insufficient_funds_fails_the_occurrence_and_goes_on(accounts, settings):
@@ -314,7 +315,7 @@ def test_insufficient_funds_fails_the_occurrence_and_goes_on(accounts, settings)
     source, target = accounts
     start = timezone.now() - timedelta(seconds=10)
     schedule = make_schedule(source, target, start=start, every=60, amount=5_000)
-    recurring.materialize_due()
+    materializer.materialize_due()
     occurrence = RecurringOccurrence.objects.get(recurring=schedule)
     assert (occurrence.status, occurrence.reason) == ("failed", "insufficient_funds")
     schedule.refresh_from_db()
@@ -335,14 +336,14 @@ def test_consecutive_failures_pause_the_schedule(accounts, settings):
         missed_run_policy="run_all",
         max_consecutive_failures=2,
     )
-    result = recurring.materialize_due()
+    result = materializer.materialize_due()
     assert (result.failed, result.scheduled) == (2, 0)
     schedule.refresh_from_db()
     assert schedule.status == "paused"
     assert "2 consecutive failed occurrences" in schedule.status_reason
     assert Account.objects.get(pk=source).held == 0
     assert Payment.objects.filter(recurring=schedule).count() == 0
-    assert recurring.materialize_due().schedules == 0  # paused: nothing more
+    assert materializer.materialize_due().schedules == 0  # paused: nothing more
 
 
 @pytest.mark.parametrize(
@@ -361,7 +362,7 @@ def test_missed_run_policies_after_downtime(accounts, policy, catch_up, schedule
     schedule = make_schedule(
         source, target, start=start, missed_run_policy=policy, max_catch_up=catch_up
     )
-    result = recurring.materialize_due()
+    result = materializer.materialize_due()
     assert (result.scheduled, result.skipped) == (scheduled, skipped)
     rows = list(RecurringOccurrence.objects.filter(recurring=schedule).order_by("scheduled_for"))
     assert [r.scheduled_for for r in rows] == [start + timedelta(hours=k) for k in range(5)]
@@ -402,7 +403,7 @@ def test_resume_does_not_run_what_fell_due_while_paused(alice, settings, policy)
     assert body["status"] == "active"
     assert datetime.fromisoformat(body["next_run_at"]) == following
     assert datetime.fromisoformat(body["upcoming"][0]) == following
-    recurring.materialize_due()
+    materializer.materialize_due()
     assert not Payment.objects.filter(recurring=schedule).exists()
     assert not RecurringOccurrence.objects.filter(recurring=schedule).exclude(status="skipped")
     assert Account.objects.get(pk=alice.account.pk).held == 0
@@ -410,7 +411,7 @@ def test_resume_does_not_run_what_fell_due_while_paused(alice, settings, policy)
     assert (schedule.status, schedule.occurrences_run) == ("active", 1)
     # the schedule goes on from there
     settings.RECURRING_MATERIALIZE_AHEAD_SECONDS = 3600
-    assert recurring.materialize_due().scheduled == 1
+    assert materializer.materialize_due().scheduled == 1
     (payment,) = Payment.objects.filter(recurring=schedule)
     assert payment.due_at == following
 
@@ -431,7 +432,7 @@ def test_max_occurrences_does_not_count_skipped_occurrences(
         missed_run_policy=policy,
         max_occurrences=2,
     )
-    result = recurring.materialize_due()
+    result = materializer.materialize_due()
     assert (result.skipped, result.scheduled) == (skipped, caught_up)
     schedule.refresh_from_db()
     assert (schedule.status, schedule.occurrences_run) == ("active", caught_up)
@@ -439,7 +440,7 @@ def test_max_occurrences_does_not_count_skipped_occurrences(
     body = alice.api.get(f"/api/v1/recurring-payments/{schedule.pk}").json()
     assert [datetime.fromisoformat(t) for t in body["upcoming"]] == rest
     settings.RECURRING_MATERIALIZE_AHEAD_SECONDS = 4 * 3600  # -> start + 6.5h
-    assert recurring.materialize_due().scheduled == 2 - caught_up
+    assert materializer.materialize_due().scheduled == 2 - caught_up
     schedule.refresh_from_db()
     assert (schedule.status, schedule.occurrences_run) == ("ended", 2)
     ran = RecurringOccurrence.objects.filter(recurring=schedule, status="scheduled")
@@ -454,7 +455,7 @@ def test_max_occurrences_ends_the_schedule(accounts):
     source, target = accounts
     start = timezone.now() - timedelta(seconds=5)
     schedule = make_schedule(source, target, start=start, every=60, max_occurrences=1)
-    recurring.materialize_due()
+    materializer.materialize_due()
     schedule.refresh_from_db()
     assert schedule.status == "ended" and schedule.next_run_at is None
 
@@ -490,7 +491,7 @@ def test_two_materialisers_at_once_never_duplicate():
         try:
             barrier.wait()
             for _ in range(3):
-                recurring.materialize_due()
+                materializer.materialize_due()
         except Exception as exc:
             errors.append(exc)
         finally:
@@ -524,7 +525,7 @@ def test_cancelling_a_schedule_cancels_its_materialised_occurrence(alice):
         amount=100,
     )
     rid = schedule.pk
-    assert recurring.materialize_due().scheduled == 1
+    assert materializer.materialize_due().scheduled == 1
     (payment,) = Payment.objects.filter(recurring_id=rid)
     assert payment.status == "PENDING" and Account.objects.get(pk=alice.account.pk).held == 100
     response = alice.api.post(f"/api/v1/recurring-payments/{rid}/cancel")
@@ -533,15 +534,15 @@ def test_cancelling_a_schedule_cancels_its_materialised_occurrence(alice):
     assert payment.status == "CANCELLED"
     assert payment.events.filter(type="cancelled", actor="client").exists()
     assert Account.objects.get(pk=alice.account.pk).held == 0
-    assert recurring.materialize_due().scheduled == 0
+    assert materializer.materialize_due().scheduled == 0
 
 
 def test_an_occurrence_says_what_became_of_its_payment(alice, monkeypatch):
     """scheduled → completed, failed or cancelled as its payment moves on (not 'scheduled'
     forever); an unfunded occurrence stays failed and a missed one skipped."""
     from ledger.services import account_set_status
-    from payments import execution
-    from tests.payments.engine import make_due, sweep
+    from payments.engine import materializer
+    from tests.payments.helpers import make_due, sweep
 
     now = timezone.now()
     schedules = [
@@ -553,7 +554,7 @@ def test_an_occurrence_says_what_became_of_its_payment(alice, monkeypatch):
         )
         for k in range(3)
     ]
-    assert recurring.materialize_due().scheduled == 3
+    assert materializer.materialize_due().scheduled == 3
     completed, failed, cancelled = (Payment.objects.get(recurring=s) for s in schedules)
 
     def outcome(schedule):
@@ -567,9 +568,9 @@ def test_an_occurrence_says_what_became_of_its_payment(alice, monkeypatch):
     make_due(completed.pk, failed.pk)
     _, published = sweep(monkeypatch)
     claims = [item for item in published.items() if item[0] == str(completed.pk)]
-    execution.execute_chunk(claims)
+    executor.execute_chunk(claims)
     account_set_status(account_id=alice.other_account.pk, status="frozen")
-    execution.execute_chunk([item for item in published.items() if item[0] == str(failed.pk)])
+    executor.execute_chunk([item for item in published.items() if item[0] == str(failed.pk)])
     assert [outcome(s) for s in schedules] == [
         ("completed", "COMPLETED"),
         ("failed", "FAILED"),

@@ -12,7 +12,8 @@ import pytest
 from django.db import OperationalError
 from django.utils import timezone
 
-from payments import metrics, recurrence, recurring
+from payments import calendar, metrics
+from payments.engine import materializer
 from payments.models import (
     Payment,
     RecurringOccurrence,
@@ -67,7 +68,7 @@ def test_a_yearly_schedule_next_to_an_every_minute_one_both_keep_running(alice, 
     yearly_id = yearly.json()["recurring_payment_id"]
     minutely_id = minutely.json()["recurring_payment_id"]
 
-    result = recurring.materialize_due()
+    result = materializer.materialize_due()
     assert result.paused_on_error == 0
     yearly_schedule = RecurringPayment.objects.get(pk=yearly_id)
     minutely_schedule = RecurringPayment.objects.get(pk=minutely_id)
@@ -100,8 +101,8 @@ def test_a_schedule_that_raises_is_parked_and_the_others_run(alice, bob, caplog)
         client=alice.user, url="https://hooks.example.com/", event_types=["recurring.paused"]
     )
     paused_before = counter(metrics.recurring_errors, outcome="paused")
-    with caplog.at_level(logging.ERROR, logger="payments.recurring"):
-        result = recurring.materialize_due()
+    with caplog.at_level(logging.ERROR, logger="payments.engine.materializer"):
+        result = materializer.materialize_due()
     assert (result.paused_on_error, result.scheduled) == (1, 1)
     broken.refresh_from_db()
     assert broken.status == "paused"
@@ -119,29 +120,29 @@ def test_a_schedule_that_raises_is_parked_and_the_others_run(alice, bob, caplog)
     # the client sees why through the API
     body = alice.api.get(f"/api/v1/recurring-payments/{broken.pk}").json()
     assert body["status"] == "paused" and "could not be processed" in body["status_reason"]
-    assert recurring.materialize_due().paused_on_error == 0  # parked: not retried every run
+    assert materializer.materialize_due().paused_on_error == 0  # parked: not retried every run
 
 
 def test_a_database_error_leaves_the_schedule_for_the_next_run(accounts, monkeypatch):
     source, target = accounts
     flaky = make_schedule(source, target, start=timezone.now() + timedelta(seconds=5))
     make_schedule(source, target, start=timezone.now() + timedelta(seconds=6))
-    real = recurring.materialize_one
+    real = materializer.materialize_one
 
     def materialize_one(schedule_id, result=None):
         if schedule_id == flaky.pk:
             raise OperationalError("server closed the connection unexpectedly")
         return real(schedule_id, result)
 
-    monkeypatch.setattr(recurring, "materialize_one", materialize_one)
+    monkeypatch.setattr(materializer, "materialize_one", materialize_one)
     retry_before = counter(metrics.recurring_errors, outcome="retry")
-    result = recurring.materialize_due()
+    result = materializer.materialize_due()
     assert (result.retry_later, result.scheduled, result.paused_on_error) == (1, 1, 0)
     flaky.refresh_from_db()
     assert flaky.status == "active" and flaky.status_reason == ""
     assert counter(metrics.recurring_errors, outcome="retry") == retry_before + 1
-    monkeypatch.setattr(recurring, "materialize_one", real)
-    assert recurring.materialize_due().scheduled == 1  # the next run handles it
+    monkeypatch.setattr(materializer, "materialize_one", real)
+    assert materializer.materialize_due().scheduled == 1  # the next run handles it
 
 
 class FakeClock:
@@ -159,12 +160,12 @@ def test_a_run_is_time_boxed_and_the_next_run_carries_on(accounts, monkeypatch):
     source, target = accounts
     soon = timezone.now() + timedelta(seconds=20)
     schedules = [make_schedule(source, target, start=soon) for _ in range(6)]
-    monkeypatch.setattr(recurring.time, "monotonic", FakeClock())
-    first = recurring.materialize_due(budget_seconds=3.5)
+    monkeypatch.setattr(materializer.time, "monotonic", FakeClock())
+    first = materializer.materialize_due(budget_seconds=3.5)
     assert first.budget_exhausted and 0 < first.scheduled < 6
     handled = first.scheduled
     while handled < 6:
-        run = recurring.materialize_due(budget_seconds=3.5)
+        run = materializer.materialize_due(budget_seconds=3.5)
         assert run.scheduled > 0
         handled += run.scheduled
     assert handled == 6
@@ -181,8 +182,8 @@ def test_schedules_due_on_time_come_before_catch_up(accounts, monkeypatch):
         source, target, start=now - timedelta(hours=5), missed_run_policy="run_once"
     )
     on_time = make_schedule(source, target, start=now + timedelta(seconds=30))
-    monkeypatch.setattr(recurring.time, "monotonic", FakeClock())
-    result = recurring.materialize_due(budget_seconds=1.5)  # room for one schedule
+    monkeypatch.setattr(materializer.time, "monotonic", FakeClock())
+    result = materializer.materialize_due(budget_seconds=1.5)  # room for one schedule
     assert result.budget_exhausted and result.schedules == 1
     assert Payment.objects.filter(recurring=on_time).count() == 1
     assert not RecurringOccurrence.objects.filter(recurring=catching_up).exists()
@@ -207,7 +208,7 @@ def test_a_long_catch_up_is_spread_over_runs_and_records_every_instant(
     )
     runs = 0
     while True:
-        result = recurring.materialize_one(schedule.pk)
+        result = materializer.materialize_one(schedule.pk)
         runs += 1
         assert result.scheduled + result.skipped + result.failed <= 200
         schedule.refresh_from_db()
@@ -231,14 +232,14 @@ def test_far_future_instants_are_never_computed(accounts, monkeypatch):
     schedule = make_schedule(source, target, start=timezone.now())
     RecurringPayment.objects.filter(pk=schedule.pk).update(cron="* * * * *", interval_seconds=None)
     calls = []
-    real = recurrence.croniter.get_next
+    real = calendar.croniter.get_next
 
     def get_next(self, *args, **kwargs):
         calls.append(1)
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(recurrence.croniter, "get_next", get_next)
-    assert recurring.materialize_due().scheduled >= 1
+    monkeypatch.setattr(calendar.croniter, "get_next", get_next)
+    assert materializer.materialize_due().scheduled >= 1
     assert len(calls) <= 10  # one or two occurrences in the 60 s window, plus next_run_at
 
 
@@ -267,7 +268,7 @@ def test_schedules_at_the_edges_of_what_is_accepted_work(alice, overrides, setti
     # its first occurrence comes due: widen the window to reach it
     first = datetime.fromisoformat(body["next_run_at"])
     settings.RECURRING_MATERIALIZE_AHEAD_SECONDS = (first - db_now()).total_seconds() + 1
-    result = recurring.materialize_due()
+    result = materializer.materialize_due()
     assert result.paused_on_error == 0 and result.scheduled >= 1
     schedule = RecurringPayment.objects.get(pk=body["recurring_payment_id"])
     assert schedule.status in ("active", "ended")

@@ -23,6 +23,7 @@ from openapi_spec_validator import validate
 import payments
 from ledger.models import AccountStatus, EntryKind
 from payments.api.errors import ERROR_CODES
+from payments.calendar import AMBIGUOUS_POLICIES, NONEXISTENT_POLICIES
 from payments.models import (
     OCCURRENCE_OUTCOMES,
     PAYMENT_EVENT_TYPES,
@@ -32,8 +33,7 @@ from payments.models import (
     PaymentStatus,
     RecurringStatus,
 )
-from payments.recurrence import AMBIGUOUS_POLICIES, NONEXISTENT_POLICIES
-from payments.recurring import MISSED_RUN_POLICIES
+from payments.services.recurring import MISSED_RUN_POLICIES
 from payments.webhooks import EVENT_TYPES
 
 ERROR_REF = "#/components/schemas/ErrorResponse"
@@ -273,7 +273,7 @@ def test_the_internal_endpoint_uses_x_internal_auth(spec, operations):
 
 def test_every_payment_event_type_written_is_in_the_enum():
     """Event types are literals where events are written (``PaymentEvent(type=…)``,
-    ``services._event(payment, "…")``): a new one must be added to the enum."""
+    ``transitions.event(payment, "…")``): a new one must be added to the enum."""
     written = set()
     for path in Path(payments.__file__).parent.rglob("*.py"):
         if "migrations" in path.parts:
@@ -281,6 +281,6 @@ def test_every_payment_event_type_written_is_in_the_enum():
         text = path.read_text()
         for line in re.findall(r"\btype=(.*)$", text, flags=re.M):
             written |= set(re.findall(r'"([a-z_]+)"', line))
-        written |= set(re.findall(r'_event\(\s*payment,\s*"([a-z_]+)"', text))
+        written |= set(re.findall(r'\bevent\(\s*\w+,\s*"([a-z_]+)"', text))
     assert {"scheduled", "executed", "failed", "retried", "amount_changed"} <= written
     assert written <= set(PAYMENT_EVENT_TYPES)

@@ -13,7 +13,7 @@ from django.utils import timezone
 from payments import services, webhooks
 from payments.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint, WebhookEvent
 from tests.payments.conftest import dispatched
-from tests.payments.engine import make_due, sweep
+from tests.payments.helpers import make_due, sweep
 from tests.payments.test_api import error
 
 pytestmark = pytest.mark.django_db
@@ -147,7 +147,7 @@ def test_rolled_back_transaction_sends_nothing(alice, receiver):
 
 def test_completed_and_failed_payments_emit_events(alice, bob, receiver, monkeypatch):
     from ledger import services as ledger
-    from payments import execution
+    from payments.engine import executor
 
     register(alice, receiver.url)
     ok = alice.schedule(amount=10).json()["payment_id"]
@@ -155,7 +155,7 @@ def test_completed_and_failed_payments_emit_events(alice, bob, receiver, monkeyp
     ledger.account_set_status(account_id=bob.account.pk, status="frozen")
     make_due(ok, bad)
     _, published = sweep(monkeypatch)
-    execution.execute_chunk(published.items())
+    executor.execute_chunk(published.items())
     dispatched()
     types = dict(WebhookDelivery.objects.values_list("payload__data__payment_id", "event_type"))
     assert types == {ok: "payment.completed", bad: "payment.failed"}
@@ -184,8 +184,9 @@ def test_an_executed_chunk_costs_one_outbox_row_per_event_and_one_message(
     """However many endpoints a client registered, the payment worker writes one
     event row per payment and publishes one message per chunk; the webhook worker
     expands them into deliveries and sends none to an endpoint whose circuit is open."""
-    from payments import execution, tasks
-    from tests.payments.engine import make_due, sweep
+    from payments import tasks
+    from payments.engine import executor
+    from tests.payments.helpers import make_due, sweep
 
     dispatched_events, delivered = [], []
     monkeypatch.setattr(
@@ -204,7 +205,7 @@ def test_an_executed_chunk_costs_one_outbox_row_per_event_and_one_message(
     make_due(*ids)
     _, published = sweep(monkeypatch)
     with django_capture_on_commit_callbacks(execute=True):
-        execution.execute_chunk(published.items())
+        executor.execute_chunk(published.items())
     assert WebhookEvent.objects.count() == 5 and WebhookDelivery.objects.count() == 0
     assert len(dispatched_events) == 1 and len(dispatched_events[0]) == 5
     assert delivered == []  # the payment worker published nothing per delivery
@@ -246,7 +247,7 @@ def test_a_half_open_endpoint_gets_no_message_per_delivery_only_its_probe(
 
 
 def test_occurrence_failed_and_paused_events(alice, receiver, settings):
-    from payments import recurring
+    from payments.engine import materializer
     from payments.models import RecurringPayment
 
     settings.RECURRING_MATERIALIZE_AHEAD_SECONDS = 0
@@ -261,7 +262,7 @@ def test_occurrence_failed_and_paused_events(alice, receiver, settings):
         next_run_at=start,
         max_consecutive_failures=1,
     )
-    recurring.materialize_due()
+    materializer.materialize_due()
     dispatched()
     assert sorted(WebhookDelivery.objects.values_list("event_type", flat=True)) == [
         "recurring.occurrence_failed",

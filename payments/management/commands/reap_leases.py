@@ -4,7 +4,7 @@ import json
 
 from django.core.management.base import BaseCommand
 
-from payments.scheduling import reap_leases
+from payments.engine.reaper import reap_leases
 
 
 class Command(BaseCommand):

@@ -4,7 +4,7 @@ import json
 
 from django.core.management.base import BaseCommand
 
-from payments.scheduling import sweep_due
+from payments.tasks import sweep_once
 
 
 class Command(BaseCommand):
@@ -14,7 +14,7 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true")
 
     def handle(self, *args, **options):
-        result = sweep_due()
+        result = sweep_once()
         summary = {
             "claimed": result.claimed,
             "messages": result.messages,

@@ -1,6 +1,7 @@
-"""Occurrence times of recurring payments, with explicit calendar policies (DESIGN §4.2).
+"""The occurrence calendar: when a recurring schedule runs (DESIGN §4.2).
 
-Pure functions, no database. A cron expression (5 fields, ``L`` = last day of
+Pure functions, no database (the helpers at the end read a
+``RecurringPayment``'s fields, nothing else). A cron expression (5 fields, ``L`` = last day of
 the month, via croniter) is evaluated on the *local wall clock* of an IANA
 time zone; each wall time is then mapped to UTC instants under the DST
 policy:
@@ -18,6 +19,7 @@ apply to them.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,13 +28,12 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterError, croniter
 
+from .exceptions import InvalidSchedule
+from .models import RecurringPayment, RecurringStatus
+
 NONEXISTENT_POLICIES = ("shift", "skip")
 AMBIGUOUS_POLICIES = ("first", "last", "both")
 MAX_GAP = timedelta(hours=3)  # longest DST gap searched when shifting
-
-
-class InvalidSchedule(ValueError):
-    pass
 
 
 def zone(name: str) -> ZoneInfo:
@@ -159,3 +160,43 @@ def _dst_margin(instant: datetime, tz: ZoneInfo) -> timedelta:
 
 def upcoming(spec: Spec, *, after: datetime | None, count: int) -> list[datetime]:
     return list(itertools.islice(occurrences(spec, after=after), count))
+
+
+# --- a schedule's occurrences ---------------------------------------------------------
+
+UPCOMING_COUNT = 5
+
+
+def spec_of(schedule: RecurringPayment) -> Spec:
+    """The calendar of a ``RecurringPayment``."""
+    return Spec(
+        cron=schedule.cron or None,
+        interval_seconds=schedule.interval_seconds,
+        timezone=schedule.timezone,
+        start_time=schedule.start_time,
+        end_time=schedule.end_time,
+        nonexistent=schedule.dst_nonexistent,
+        ambiguous=schedule.dst_ambiguous,
+    )
+
+
+def planned(schedule: RecurringPayment, count: int = UPCOMING_COUNT) -> list[datetime]:
+    """A schedule's next planned occurrence instants (empty once ended or cancelled)."""
+    if schedule.status in (RecurringStatus.ENDED, RecurringStatus.CANCELLED):
+        return []
+    remaining = None
+    if schedule.max_occurrences is not None:
+        remaining = schedule.max_occurrences - schedule.occurrences_run
+        if remaining <= 0:
+            return []
+    times = upcoming(spec_of(schedule), after=schedule.last_occurrence_at, count=count)
+    return times[:remaining] if remaining is not None else times
+
+
+def jitter_for(schedule: RecurringPayment, instant: datetime) -> timedelta:
+    """Deterministic spread in [0, jitter_seconds]: stable across retries and nodes."""
+    if not schedule.jitter_seconds:
+        return timedelta(0)
+    digest = hashlib.sha256(f"{schedule.pk}:{instant.isoformat()}".encode()).digest()
+    fraction = int.from_bytes(digest[:8], "big") / 2**64
+    return timedelta(seconds=round(fraction * schedule.jitter_seconds, 3))

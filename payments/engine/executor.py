@@ -1,5 +1,7 @@
 """The executor: run a chunk of claimed payments in one transaction (DESIGN §4.1).
 
+Runs on the payment workers (``payments.execute_chunk``).
+
 For a chunk of ``(payment id, fence)`` pairs:
 
 1. lock the payment rows (id order); keep those still QUEUED *with the same
@@ -31,12 +33,12 @@ from django.db import transaction
 
 from ledger.db import bulk_insert_rows, bulk_update_rows
 from ledger.exceptions import DuplicateReference, LedgerError
-from ledger.models import HoldStatus, JournalEntry
+from ledger.models import JournalEntry
 from ledger.services import LedgerBatch
 
-from . import webhooks
-from .clock import db_now, iso_timestamp
-from .models import Actor, AttemptOutcome, Payment, PaymentAttempt, PaymentEvent, PaymentStatus
+from .. import locks, metrics, transitions
+from ..clock import db_now
+from ..models import AttemptOutcome, Payment, PaymentAttempt, PaymentEvent
 
 logger = logging.getLogger(__name__)
 
@@ -66,11 +68,7 @@ def execute_chunk(items: list[tuple[str, int]], *, worker: str | None = None) ->
     result = ChunkResult()
     with transaction.atomic():
         now = db_now()
-        payments = list(
-            Payment.objects.select_for_update(no_key=True, of=("self",))
-            .filter(pk__in=list(fences))
-            .order_by("pk")
-        )
+        payments = locks.lock_payments(fences)
         found = {str(p.pk) for p in payments}
         result.stale.extend(pid for pid in fences if pid not in found)
         attempts: list[PaymentAttempt] = []
@@ -78,7 +76,7 @@ def execute_chunk(items: list[tuple[str, int]], *, worker: str | None = None) ->
         due: list[Payment] = []
         for payment in payments:
             pid = str(payment.pk)
-            if payment.status != PaymentStatus.QUEUED or payment.fence != fences[pid]:
+            if not transitions.is_current(payment, fences[pid]):
                 result.stale.append(pid)
                 continue
             if payment.due_at > now:
@@ -101,13 +99,14 @@ def _run(due, now, worker, result, attempts, events) -> None:
         hold_ids=[p.hold_id for p in due if p.hold_id],
         references=[p.reference for p in due],
     )
+    worker = worker[:128]
     for payment in due:
         pid = str(payment.pk)
         attempt = PaymentAttempt(
             payment=payment,
             number=payment.attempts,
             fence=payment.fence,
-            worker=worker[:128],
+            worker=worker,
             started_at=now,
             finished_at=now,
         )
@@ -127,25 +126,22 @@ def _run(due, now, worker, result, attempts, events) -> None:
             # reference is the last line). The money moved once: record that.
             entry = JournalEntry.objects.get(reference=payment.reference)
         except LedgerError as exc:
-            hold = batch.holds.get(payment.hold_id) if payment.hold_id else None
-            if hold is not None and hold.status == HoldStatus.ACTIVE:
-                batch.release_hold(hold_id=hold.pk)
-            payment.status = PaymentStatus.FAILED
-            payment.error_code = exc.code
-            payment.error_message = exc.message[:255]
+            transitions.release_hold(payment, batch)
+            events.append(
+                transitions.fail(
+                    payment, code=exc.code, message=exc.message, now=now, worker=worker
+                )
+            )
             attempt.outcome = AttemptOutcome.FAILED
             attempt.error_code, attempt.error_message = exc.code, exc.message[:255]
             result.failed.append(pid)
             result.failure_codes.append(exc.code)
-        else:
-            payment.status = PaymentStatus.COMPLETED
-            payment.journal_entry = entry
-            payment.executed_at = now
+            entry = None
+        if entry is not None:
+            events.append(transitions.complete(payment, entry=entry, now=now, worker=worker))
             attempt.outcome = AttemptOutcome.SUCCEEDED
             result.completed.append(pid)
             result.lateness_seconds.append((now - payment.due_at).total_seconds())
-        payment.lease_expires_at = None
-        payment.updated_at = now
         result.transitions.append(
             {
                 "payment_id": pid,
@@ -157,28 +153,9 @@ def _run(due, now, worker, result, attempts, events) -> None:
             }
         )
         attempts.append(attempt)
-        events.append(
-            PaymentEvent(
-                payment=payment,
-                type="executed" if payment.status == PaymentStatus.COMPLETED else "failed",
-                from_status=PaymentStatus.QUEUED,
-                to_status=payment.status,
-                actor=Actor.SYSTEM,
-                fence=payment.fence,
-                data={"worker": worker[:128], "error_code": payment.error_code}
-                if payment.error_code
-                else {"worker": worker[:128]},
-            )
-        )
     batch.flush()
-    webhooks.emit(
-        (
-            owner,
-            "payment.completed" if p.status == PaymentStatus.COMPLETED else "payment.failed",
-            webhooks.payment_data(p),
-        )
-        for p in due
-        if (owner := batch.accounts[p.from_account_id].owner_id) is not None
+    transitions.notify_outcomes(
+        due, {account_id: account.owner_id for account_id, account in batch.accounts.items()}
     )
     bulk_update_rows(
         due,
@@ -195,8 +172,6 @@ def _run(due, now, worker, result, attempts, events) -> None:
 
 
 def _after_commit(result: ChunkResult) -> None:
-    from . import metrics
-
     metrics.record_chunk(result)
     # One structured line per transition (JSON in production): payment id,
     # fence, attempt, lateness.
@@ -204,48 +179,3 @@ def _after_commit(result: ChunkResult) -> None:
         logger.info(
             "payment %s %s", transition["payment_id"], transition["status"], extra=transition
         )
-
-
-def payment_execute_now(*, payment_id, execution_id: str) -> Payment:
-    """Operator trigger: claim a due open payment and execute it at once.
-
-    Idempotent per ``execution_id`` (and harmless otherwise: a payment that is
-    already terminal is returned as it is). A payment not yet due is left
-    alone (``payment_not_due``): nothing runs before its time.
-    """
-    from .exceptions import NotFound, PaymentNotDue
-
-    with transaction.atomic():
-        payment = (
-            Payment.objects.select_for_update(no_key=True, of=("self",))
-            .filter(pk=payment_id)
-            .first()
-        )
-        if payment is None:
-            raise NotFound(f"Payment {payment_id} not found.", payment_id=str(payment_id))
-        if payment.status not in (PaymentStatus.PENDING, PaymentStatus.QUEUED):
-            return payment
-        now = db_now()
-        if payment.due_at > now:
-            raise PaymentNotDue(
-                f"Payment {payment_id} is not due until {iso_timestamp(payment.due_at)}.",
-                due_at=iso_timestamp(payment.due_at),
-            )
-        previous = payment.status
-        payment.status = PaymentStatus.QUEUED
-        payment.fence += 1
-        payment.attempts += 1
-        payment.lease_expires_at = now
-        payment.save(update_fields=["status", "fence", "attempts", "lease_expires_at"])
-        PaymentEvent.objects.create(
-            payment=payment,
-            type="queued",
-            from_status=previous,
-            to_status=PaymentStatus.QUEUED,
-            actor=Actor.STAFF,
-            fence=payment.fence,
-            data={"execution_id": execution_id, "trigger": "internal_api"},
-        )
-        fence = payment.fence
-    execute_chunk([(str(payment.pk), fence)], worker=f"internal:{execution_id}"[:128])
-    return Payment.objects.get(pk=payment.pk)

@@ -1,0 +1,330 @@
+"""The recurring materialiser (DESIGN §4.2); the schedule services are in
+``payments.services.recurring``.
+
+The materialiser (beat, every few seconds, on a worker of its own) turns each
+occurrence into an ordinary payment shortly before it is due — hold placed,
+PENDING, picked up by the sweeper like any other. Per schedule, under its row
+lock (``SKIP LOCKED``: concurrent materialisers work on different schedules):
+
+1. enumerate occurrences lazily from the cursor up to now + the
+   materialise-ahead window (``payments.calendar``): only what the horizon
+   needs is computed, however far the schedule reaches;
+2. occurrences already more than the grace in the past were *missed* (the
+   service was down): the missed-run policy decides which run now —
+   ``skip`` none, ``run_once`` the latest, ``run_all`` the latest
+   ``max_catch_up`` — and every other one is recorded ``skipped``;
+3. each occurrence that runs places its hold and creates its payment, or,
+   when funds are short, is recorded ``failed`` (``insufficient_funds``) and
+   the schedule goes on; after ``max_consecutive_failures`` in a row it is
+   paused, with an event and a ``recurring.paused`` webhook;
+4. the cursor advances; a schedule past its end or its ``max_occurrences``
+   ends.
+
+Isolation (DESIGN §8): a run is time-boxed and handles a bounded number of
+instants per schedule; each schedule is its own transaction, and one that
+raises is parked (paused with a reason) instead of stopping the run.
+
+Every occurrence row is UNIQUE (schedule, instant), so even two materialisers
+that both got hold of a schedule could not create an occurrence twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import InterfaceError, OperationalError, transaction
+from django.db.models import Q
+
+from ledger.exceptions import AccountNotActive, LedgerError
+from ledger.models import Account, AccountStatus
+from ledger.services import LedgerBatch
+
+from .. import locks, metrics, transitions, webhooks
+from ..calendar import jitter_for, planned, spec_of
+from ..calendar import occurrences as occurrence_times
+from ..clock import db_now, iso_timestamp
+from ..models import (
+    Actor,
+    OccurrenceStatus,
+    RecurringOccurrence,
+    RecurringPayment,
+    RecurringStatus,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class MaterializeResult:
+    scheduled: int = 0
+    failed: int = 0
+    skipped: int = 0
+    schedules: int = 0
+    paused_on_error: int = 0
+    retry_later: int = 0
+    budget_exhausted: bool = False
+    seconds: float = 0.0
+
+
+def materialize_due(
+    *, budget_seconds: float | None = None, batch: int | None = None
+) -> MaterializeResult:
+    """One bounded run of the materialiser over the schedules that have work.
+
+    Bounded three ways, so no client's schedules can make it slow for others:
+    schedules are read ``batch`` at a time, each is handled for at most
+    ``RECURRING_MAX_OCCURRENCES_PER_RUN`` instants, and no schedule is started
+    once ``budget_seconds`` (``RECURRING_MATERIALIZE_BUDGET_SECONDS``) have
+    passed; the next run, a few seconds later, carries on. Schedules whose
+    next occurrence is on time come first (most urgent first), then those
+    catching up on occurrences missed while the service was down, each schedule
+    at most once per run.
+
+    Each schedule is handled in its own transaction (``materialize_one``). A
+    schedule that raises is parked — paused with a ``status_reason``, a
+    ``recurring.paused`` webhook, a metric and a log line — and the run goes
+    on with the others; a database error that may be transient leaves the
+    schedule untouched for the next run.
+    """
+    started = time.monotonic()
+    budget = (
+        settings.RECURRING_MATERIALIZE_BUDGET_SECONDS if budget_seconds is None else budget_seconds
+    )
+    batch = batch or settings.RECURRING_MATERIALIZE_BATCH
+    result = MaterializeResult()
+    now = db_now()
+    horizon = now + timedelta(seconds=settings.RECURRING_MATERIALIZE_AHEAD_SECONDS)
+    cutoff = now - timedelta(seconds=settings.RECURRING_MISSED_GRACE_SECONDS)
+    seen: set = set()
+    for window in (Q(next_run_at__gte=cutoff, next_run_at__lte=horizon), Q(next_run_at__lt=cutoff)):
+        after = None
+        while not result.budget_exhausted:
+            due = RecurringPayment.objects.filter(window, status=RecurringStatus.ACTIVE)
+            if after is not None:
+                due = due.filter(
+                    Q(next_run_at__gt=after[0]) | Q(next_run_at=after[0], pk__gt=after[1])
+                )
+            rows = list(due.order_by("next_run_at", "pk").values_list("next_run_at", "pk")[:batch])
+            for row in rows:
+                if time.monotonic() - started >= budget:
+                    result.budget_exhausted = True
+                    break
+                if row[1] not in seen:
+                    seen.add(row[1])
+                    _materialize_isolated(row[1], result)
+            if len(rows) < batch:
+                break
+            after = rows[-1]
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _materialize_isolated(schedule_id, result: MaterializeResult) -> None:
+    """``materialize_one``, with this schedule's failure kept to this schedule."""
+    try:
+        materialize_one(schedule_id, result)
+    except (OperationalError, InterfaceError):
+        # The database, not the schedule: leave it as it was for the next run.
+        result.retry_later += 1
+        metrics.recurring_errors.labels(outcome="retry").inc()
+        logger.warning("recurring %s: database error, retried next run", schedule_id, exc_info=True)
+    except Exception as exc:
+        result.paused_on_error += 1
+        recurring_park(schedule_id=schedule_id, error=exc)
+
+
+def recurring_park(*, schedule_id, error: BaseException) -> None:
+    """Pause a schedule the materialiser cannot handle, so it cannot stop the others.
+
+    The client sees ``status: paused`` with a ``status_reason`` and gets a
+    ``recurring.paused`` webhook; operators get
+    ``payments_recurring_errors_total{outcome="paused"}`` and the traceback in
+    the log. Resuming it retries; if the fault is still there it is parked again.
+    """
+    metrics.recurring_errors.labels(outcome="paused").inc()
+    logger.error(
+        "recurring %s paused: the materialiser failed on it",
+        schedule_id,
+        exc_info=(type(error), error, error.__traceback__),
+        extra={"recurring_payment_id": str(schedule_id), "error_class": type(error).__name__},
+    )
+    reason = (
+        f"Paused: this schedule could not be processed ({type(error).__name__}); "
+        "operators have been alerted. Resume it to retry."
+    )
+    try:
+        with transaction.atomic():
+            schedule = locks.lock_active_schedule(schedule_id)
+            if schedule is None:
+                return
+            schedule.status = RecurringStatus.PAUSED
+            schedule.status_reason = reason[:255]
+            schedule.updated_at = db_now()
+            schedule.save(update_fields=["status", "status_reason", "updated_at"])
+            owner = schedule.from_account.owner_id
+            if owner is not None:
+                data = {
+                    "recurring_payment_id": str(schedule.pk),
+                    "reason": "error",
+                    "status_reason": schedule.status_reason,
+                }
+                webhooks.emit([(owner, "recurring.paused", data)])
+    except Exception:  # the database is gone too: the next run tries again
+        logger.exception("could not pause recurring %s", schedule_id)
+
+
+def materialize_one(schedule_id, result: MaterializeResult | None = None) -> MaterializeResult:
+    """Handle one schedule's occurrences up to the horizon, under its row lock.
+
+    Occurrences are enumerated lazily from the cursor, so only what the
+    horizon needs is computed. Missed occurrences (older than the grace) are
+    streamed: all but the last ``keep`` of them (0 for ``skip``, 1 for
+    ``run_once``, ``max_catch_up`` for ``run_all``) are recorded ``skipped``
+    as soon as they are known not to be among the last ones. At most
+    ``RECURRING_MAX_OCCURRENCES_PER_RUN`` instants are handled per call; the
+    cursor then stops there and the schedule stays due for the next run.
+    """
+    result = result or MaterializeResult()
+    with transaction.atomic():
+        schedule = locks.lock_active_schedule(schedule_id, skip_locked=True)
+        if schedule is None:
+            return result  # another materialiser has it, or it is no longer active
+        now = db_now()
+        horizon = now + timedelta(seconds=settings.RECURRING_MATERIALIZE_AHEAD_SECONDS)
+        cutoff = now - timedelta(seconds=settings.RECURRING_MISSED_GRACE_SECONDS)
+        cap = settings.RECURRING_MAX_OCCURRENCES_PER_RUN
+        policy = schedule.missed_run_policy
+        keep = {"skip": 0, "run_once": 1, "run_all": schedule.max_catch_up}[policy]
+        occurrences: list[RecurringOccurrence] = []
+        missed: deque[datetime] = deque()
+        on_time: list[datetime] = []
+        past_missed = True
+        for instant in occurrence_times(spec_of(schedule), after=schedule.last_occurrence_at):
+            if instant > horizon:
+                break
+            if len(occurrences) + len(on_time) >= cap:
+                past_missed = bool(on_time)
+                break
+            if instant >= cutoff:
+                on_time.append(instant)
+                continue
+            missed.append(instant)
+            if len(missed) > keep:  # not among the last `keep`: it will not run
+                occurrences.append(
+                    RecurringOccurrence(
+                        recurring=schedule,
+                        scheduled_for=missed.popleft(),
+                        status=OccurrenceStatus.SKIPPED,
+                        reason=f"missed ({policy})",
+                    )
+                )
+        # The last `keep` missed ones run only once it is known they are the last.
+        to_run = [*missed, *on_time] if past_missed else []
+        events = []
+        for instant in to_run[: max(cap - len(occurrences), 0)]:
+            if schedule.status != RecurringStatus.ACTIVE or _used_up(schedule):
+                break
+            due_at = max(instant + jitter_for(schedule, instant), now)
+            occurrence, event = _run_occurrence(schedule, instant, due_at)
+            occurrences.append(occurrence)
+            events.extend(event)
+        if occurrences:
+            RecurringOccurrence.objects.bulk_create(occurrences)
+            schedule.last_occurrence_at = max(o.scheduled_for for o in occurrences)
+        for occurrence in occurrences:
+            metrics.recurring_occurrences.labels(status=occurrence.status).inc()
+            if occurrence.status == OccurrenceStatus.SCHEDULED:
+                result.scheduled += 1
+            elif occurrence.status == OccurrenceStatus.FAILED:
+                result.failed += 1
+            else:
+                result.skipped += 1
+        nxt = planned(schedule, 1)
+        schedule.next_run_at = nxt[0] if nxt else None
+        if schedule.next_run_at is None and schedule.status == RecurringStatus.ACTIVE:
+            schedule.status = RecurringStatus.ENDED
+        schedule.updated_at = now
+        schedule.save()
+        owner = schedule.from_account.owner_id
+        if owner is not None:
+            webhooks.emit((owner, event_type, data) for event_type, data in events)
+        result.schedules += 1
+    return result
+
+
+def _used_up(schedule: RecurringPayment) -> bool:
+    """``max_occurrences`` counts occurrences that ran or failed, not skipped ones."""
+    return (
+        schedule.max_occurrences is not None
+        and schedule.occurrences_run >= schedule.max_occurrences
+    )
+
+
+def _run_occurrence(schedule: RecurringPayment, instant: datetime, due_at: datetime):
+    """Hold + payment for one occurrence, or a failed occurrence; caller holds the schedule lock."""
+    events = []
+    try:
+        with transaction.atomic():  # savepoint: a refused hold leaves nothing behind
+            target = Account.objects.filter(pk=schedule.to_account_id).only("status").first()
+            if target is None or target.status != AccountStatus.ACTIVE:
+                raise AccountNotActive(f"Account {schedule.to_account_id} is not active.")
+            payment = transitions.schedule(
+                LedgerBatch(account_ids=[schedule.from_account_id]),
+                from_account_id=schedule.from_account_id,
+                to_account_id=schedule.to_account_id,
+                amount=schedule.amount,
+                description=schedule.description,
+                due_at=due_at,
+                now=db_now(),
+                recurring_id=schedule.pk,
+                actor=Actor.SYSTEM,
+                event_data={
+                    "recurring_payment_id": str(schedule.pk),
+                    "occurrence": iso_timestamp(instant),
+                },
+            )
+    except LedgerError as exc:
+        schedule.occurrences_run += 1
+        schedule.consecutive_failures += 1
+        data = {
+            "recurring_payment_id": str(schedule.pk),
+            "occurrence": iso_timestamp(instant),
+            "error_code": exc.code,
+            "consecutive_failures": schedule.consecutive_failures,
+        }
+        events.append(("recurring.occurrence_failed", data))
+        if schedule.consecutive_failures >= schedule.max_consecutive_failures:
+            schedule.status = RecurringStatus.PAUSED
+            schedule.status_reason = (
+                f"Paused after {schedule.consecutive_failures} consecutive failed occurrences "
+                f"(last: {exc.code})."
+            )
+            events.append(("recurring.paused", {**data, "reason": "too many consecutive failures"}))
+            logger.warning(
+                "recurring %s paused after %s failures", schedule.pk, schedule.consecutive_failures
+            )
+        return (
+            RecurringOccurrence(
+                recurring=schedule,
+                scheduled_for=instant,
+                status=OccurrenceStatus.FAILED,
+                reason=exc.code,
+            ),
+            events,
+        )
+    schedule.occurrences_run += 1
+    schedule.consecutive_failures = 0
+    return (
+        RecurringOccurrence(
+            recurring=schedule,
+            scheduled_for=instant,
+            status=OccurrenceStatus.SCHEDULED,
+            payment=payment,
+        ),
+        events,
+    )

@@ -1,0 +1,205 @@
+"""The sweeper: the durable timer's clock hand (DESIGN §4.1).
+
+PostgreSQL holds every timer; Redis only carries "this chunk is due" hints.
+``sweep_due`` claims due PENDING rows in one statement
+(``transitions.claim_due``: ``FOR NO KEY UPDATE SKIP LOCKED``, so several
+sweepers never claim the same row), which sets them QUEUED with a new fence
+and a lease; it commits, then hands the claims, grouped into one chunk per
+(partition, due time), to ``publish`` — ``payments.tasks`` sends one message
+per chunk with an ETA at its due time. Due-ness is decided by the database
+clock. Runs on the timer worker (``payments.sweep``, every second).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+
+from ..clock import db_now
+from ..models import Payment, PaymentStatus
+from ..transitions import Claimed, claim_due
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SweepResult:
+    claimed: int = 0
+    messages: int = 0
+    batches: int = 0
+    seconds: float = 0.0
+    backpressure: bool = False
+    lag: float = 0.0
+    catching_up: bool = False
+    batch_sizes: list[int] = field(default_factory=list)
+
+
+def chunk_claims(
+    claims: list[Claimed], now: datetime | None = None
+) -> list[tuple[int, datetime, list[Claimed]]]:
+    """Group claims into (partition, eta, chunk): same partition, due close together.
+
+    A chunk holds at most ``PAYMENT_CHUNK_SIZE`` payments due within
+    ``PAYMENT_CHUNK_SPREAD_MS`` of each other; its ETA is its latest due time,
+    so no payment in it is attempted early and none waits more than the spread.
+    Payments already due at ``now`` wait for no one, so the spread does not
+    split them: a backlog (the executors fell behind) is claimed in full-size
+    chunks, and the executors catch up at their batched rate instead of
+    paying one message per payment.
+    """
+    size = settings.PAYMENT_CHUNK_SIZE
+    spread = timedelta(milliseconds=settings.PAYMENT_CHUNK_SPREAD_MS)
+    by_partition: dict[int, list[Claimed]] = {}
+    for claim in claims:
+        by_partition.setdefault(claim.partition, []).append(claim)
+    chunks = []
+    for partition, items in sorted(by_partition.items()):
+        items.sort(key=lambda c: c.due_at)
+        current: list[Claimed] = []
+        for claim in items:
+            waits = now is None or claim.due_at > now  # would hold the chunk back
+            if current and (
+                len(current) >= size or (waits and claim.due_at - current[0].due_at > spread)
+            ):
+                chunks.append((partition, current[-1].due_at, current))
+                current = []
+            current.append(claim)
+        if current:
+            chunks.append((partition, current[-1].due_at, current))
+    return chunks
+
+
+def queued_count() -> int:
+    return Payment.objects.filter(status=PaymentStatus.QUEUED).count()
+
+
+@dataclass(frozen=True)
+class ExecutorState:
+    behind: bool = False  # stop claiming: claims would outlive their lease
+    lag: float = 0.0  # seconds the executors run behind due time
+
+
+_EXECUTOR_STATE_SQL = """
+SELECT lease_expires_at - statement_timestamp(),
+       greatest(extract(epoch FROM statement_timestamp() - greatest(
+           lease_expires_at - make_interval(secs => %(lease)s), run_at)), 0)
+  FROM payments_payment
+ WHERE status = 'QUEUED'
+ ORDER BY lease_expires_at
+ OFFSET %(tolerated)s LIMIT 1
+"""
+
+
+def executor_state() -> ExecutorState:
+    """How far behind the executors are, judged by the oldest live claims.
+
+    The oldest ``PAYMENT_LOST_CLAIMS_TOLERATED`` QUEUED claims are skipped:
+    those may be messages that were lost (a SIGKILLed worker, a Redis
+    restart) and wait for the reaper, not for a worker; counting them would
+    stall every other payment until their lease expired. Past them:
+
+    - ``behind`` when the next oldest claim has waited more than half its
+      lease. Claiming more would only publish leases that expire before a
+      worker reaches them, and every expiry costs the payment an attempt and
+      the queue a duplicate message: under sustained overload that fed on
+      itself until healthy payments were dead-lettered. The backlog waits as
+      PENDING instead and is claimed, in full-size chunks, once the executors
+      catch up.
+    - ``lag``: how long that claim has waited since it should have run — since
+      its run time, or since it was claimed if it was claimed late. It does
+      not count the wait until a payment is due, so it is the executors' queue
+      delay; above ``PAYMENT_CATCH_UP_LAG_MS`` the sweeper claims only
+      payments already due (see ``sweep_due``).
+
+    One short scan of the partial index on QUEUED leases.
+    """
+    tolerated = settings.PAYMENT_LOST_CLAIMS_TOLERATED
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                _EXECUTOR_STATE_SQL,
+                {"tolerated": tolerated, "lease": settings.PAYMENT_LEASE_SECONDS},
+            )
+            row = cursor.fetchone()
+        if row is None:
+            return ExecutorState()
+        remaining, lag = row[0], float(row[1])
+    else:  # SQLite (embedded default)
+        rows = list(
+            Payment.objects.filter(status=PaymentStatus.QUEUED)
+            .order_by("lease_expires_at")
+            .values_list("lease_expires_at", "run_at")[tolerated : tolerated + 1]
+        )
+        if not rows:
+            return ExecutorState()
+        (expires, run_at), now = rows[0], db_now()
+        claimed_at = expires - timedelta(seconds=settings.PAYMENT_LEASE_SECONDS)
+        remaining = expires - now
+        lag = max((now - max(claimed_at, run_at)).total_seconds(), 0.0)
+    half_lease = timedelta(seconds=settings.PAYMENT_LEASE_SECONDS / 2)
+    return ExecutorState(behind=remaining < half_lease, lag=lag)
+
+
+Chunk = tuple[int, datetime, list[Claimed]]  # (partition, eta, claims)
+
+
+def sweep_due(
+    *, publish: Callable[[list[Chunk], datetime], int], max_batches: int = 50
+) -> SweepResult:
+    """Claim and publish everything due (within the lookahead), batch by batch.
+
+    ``publish(chunks, now)`` sends one message per chunk and returns how many
+    it sent (``payments.tasks.publish_chunks``); it runs after each batch's
+    commit. Safe to run on several nodes at once. If the process dies between
+    commit and publish, the claimed rows simply wait for their lease to expire.
+    """
+    started = time.monotonic()
+    result = SweepResult()
+    batch_size = settings.PAYMENT_SWEEP_BATCH
+    for _ in range(max_batches):
+        queued = queued_count()
+        room = settings.PAYMENT_MAX_QUEUED - queued
+        executors = executor_state()
+        result.lag = executors.lag
+        # Top up in whole batches: claiming the few hundred that just freed up
+        # every second would cut a backlog into chunks of a dozen per
+        # partition (measured: half the drain throughput).
+        if room < min(batch_size, settings.PAYMENT_MAX_QUEUED) and queued:
+            room = 0
+        if room <= 0 or executors.behind:
+            result.backpressure = True
+            break
+        # Catching up: the executors run late, so claiming ahead would only
+        # cut the next second into many small chunks (one message per
+        # payment or so, several times the work of a full chunk) that queue
+        # behind the backlog anyway. Claim only what is due: overdue payments
+        # go out in full chunks and the executors catch up at their batched
+        # rate; the lookahead resumes once the lag is gone.
+        lookahead = settings.PAYMENT_LOOKAHEAD_SECONDS
+        if executors.lag * 1000 > settings.PAYMENT_CATCH_UP_LAG_MS:
+            lookahead, result.catching_up = 0.0, True
+        with transaction.atomic():
+            claims = claim_due(limit=min(batch_size, room), lookahead=lookahead)
+        if claims:
+            now = db_now()
+            result.messages += publish(chunk_claims(claims, now), now)
+            result.claimed += len(claims)
+            result.batches += 1
+            result.batch_sizes.append(len(claims))
+        if len(claims) < min(batch_size, room):
+            break
+    result.seconds = time.monotonic() - started
+    if result.claimed:
+        logger.info(
+            "sweep claimed %s payments in %s messages",
+            result.claimed,
+            result.messages,
+            extra={"claimed": result.claimed, "messages": result.messages},
+        )
+    return result

@@ -1,0 +1,112 @@
+"""Row locks of the payments app, in one place (like Saleor's ``lock_objects.py``).
+
+Lock order, everywhere: client user row (quota checks), recurring schedule,
+payment row(s) in ascending id order, then the ledger's accounts in ascending
+id order and their holds (``ledger.services.LedgerBatch``). A transaction
+takes them in that order or not at all, so two of them cannot deadlock.
+
+``FOR NO KEY UPDATE`` everywhere: it does not conflict with the ``FOR KEY
+SHARE`` locks that inserts of referencing rows (events, attempts, postings)
+take, so writing a payment's history never waits for its row lock. ``of
+("self",)`` keeps a ``select_related`` join from locking the joined row too.
+SQLite (the embedded default) ignores these clauses: it has one writer at a time.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AbstractBaseUser
+
+from .exceptions import NotFound
+from .models import Payment, PaymentStatus, RecurringPayment, RecurringStatus
+
+
+def lock_payments(payment_ids: Iterable[str]) -> list[Payment]:
+    """Lock a chunk's payments in id order (the executor); missing ids are left out.
+
+    First in the executor's order: payments, then the accounts and holds of
+    all of them (``LedgerBatch``).
+    """
+    return list(
+        Payment.objects.select_for_update(no_key=True, of=("self",))
+        .filter(pk__in=list(payment_ids))
+        .order_by("pk")
+    )
+
+
+def lock_payment(payment_id: uuid.UUID, client: AbstractBaseUser | None = None) -> Payment:
+    """Lock one payment, with its source account read (not locked) for the owner.
+
+    ``client`` restricts the lookup to that client's payments (the API);
+    staff and operators pass ``None``. Raises ``NotFound`` either way, so a
+    payment of another client looks exactly like one that does not exist.
+    The caller then takes the account locks it needs (``LedgerBatch``).
+    """
+    qs = Payment.objects.select_for_update(no_key=True, of=("self",)).select_related("from_account")
+    if client is not None:
+        qs = qs.filter(owner=client)
+    payment = qs.filter(pk=payment_id).first()
+    if payment is None:
+        raise NotFound(f"Payment {payment_id} not found.", payment_id=str(payment_id))
+    return payment
+
+
+def lock_expired_claim(payment_id: uuid.UUID) -> Payment | None:
+    """Lock a QUEUED payment for the reaper, or ``None`` if it is busy or moved on.
+
+    ``SKIP LOCKED``: a payment an executor holds right now is being executed,
+    not lost; the reaper leaves it and looks again next run.
+    """
+    return (
+        Payment.objects.select_for_update(no_key=True, skip_locked=True)
+        .filter(pk=payment_id, status=PaymentStatus.QUEUED)
+        .first()
+    )
+
+
+def lock_schedule(schedule_id: uuid.UUID, client: AbstractBaseUser | None) -> RecurringPayment:
+    """Lock a recurring schedule for a change by its client (or staff with ``None``).
+
+    Before any payment of the schedule (cancelling a schedule cancels its
+    open occurrence under this lock).
+    """
+    qs = RecurringPayment.objects.select_for_update(no_key=True, of=("self",))
+    if client is not None:
+        qs = qs.filter(from_account__owner=client)
+    schedule = qs.filter(pk=schedule_id).first()
+    if schedule is None:
+        raise NotFound(
+            f"Recurring payment {schedule_id} not found.", recurring_payment_id=str(schedule_id)
+        )
+    return schedule
+
+
+def lock_active_schedule(
+    schedule_id: uuid.UUID, *, skip_locked: bool = False
+) -> RecurringPayment | None:
+    """Lock an ACTIVE schedule for the materialiser, with its source account read.
+
+    ``skip_locked``: concurrent materialisers work on different schedules (a
+    schedule another one holds is its for this run). ``None`` if it is
+    locked elsewhere or no longer active.
+    """
+    return (
+        RecurringPayment.objects.select_for_update(
+            no_key=True, skip_locked=skip_locked, of=("self",)
+        )
+        .select_related("from_account")
+        .filter(pk=schedule_id, status=RecurringStatus.ACTIVE)
+        .first()
+    )
+
+
+def lock_client(client: AbstractBaseUser) -> None:
+    """Lock the client's user row: per-client quotas are counted one request at a time.
+
+    First in the lock order: two concurrent creations of one client are
+    counted one after the other and cannot both take the last place.
+    """
+    get_user_model().objects.select_for_update(no_key=True).filter(pk=client.pk).first()

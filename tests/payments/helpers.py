@@ -1,0 +1,78 @@
+"""Helpers for engine tests: make payments due, claim them, capture published messages."""
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from ledger.services import LedgerBatch
+from payments import tasks, transitions
+from payments.clock import db_now
+from payments.engine import sweeper
+from payments.models import Actor, Payment
+
+
+def make_due(*payment_ids, seconds_ago=1):
+    when = timezone.now() - timedelta(seconds=seconds_ago)
+    Payment.objects.filter(pk__in=payment_ids).update(due_at=when, run_at=when)
+
+
+class Published(list):
+    """Messages the sweeper would have sent: (queue, items, countdown)."""
+
+    def items(self):
+        return [tuple(item) for _, items, _ in self for item in items]
+
+
+def claim_batch(limit, lookahead=None):
+    """The sweeper's claim (PENDING → QUEUED), without publishing; caller's transaction."""
+    if lookahead is None:
+        lookahead = settings.PAYMENT_LOOKAHEAD_SECONDS
+    return transitions.claim_due(limit=limit, lookahead=lookahead)
+
+
+def publish_claims(claims):
+    """Publish claims as the sweeper does (one message per chunk)."""
+    now = db_now()
+    return tasks.publish_chunks(sweeper.chunk_claims(claims, now), now)
+
+
+def capture_publish(monkeypatch) -> Published:
+    published = Published()
+
+    def fake_apply_async(args, queue, countdown=None, **kwargs):
+        published.append((queue, args[0], countdown))
+
+    monkeypatch.setattr(tasks.execute_chunk, "apply_async", fake_apply_async)
+    return published
+
+
+def sweep(monkeypatch):
+    published = capture_publish(monkeypatch)
+    result = sweeper.sweep_due(publish=tasks.publish_chunks)
+    return result, published
+
+
+def bulk_schedule(*, sources, targets, count, amount, due_at):
+    """Create ``count`` funded PENDING payments fast (one transaction, bulk inserts).
+
+    Same rows the API would write (``transitions.schedule_many``: holds
+    through the ledger, a ``scheduled`` event each), minus the per-request
+    overhead; round-robin over sources and targets.
+    """
+    now = db_now()  # one instant, as the column default gives a bulk insert
+    items = [
+        {
+            "from_account_id": sources[i % len(sources)],
+            "to_account_id": targets[i % len(targets)],
+            "amount": amount,
+            "due_at": due_at,
+            "now": now,
+        }
+        for i in range(count)
+    ]
+    with transaction.atomic():
+        batch = LedgerBatch(account_ids=sources)
+        payments = transitions.schedule_many(batch, items, actor=Actor.CLIENT)
+    return [str(p.pk) for p in payments]
