@@ -43,7 +43,7 @@ PLANTS = [
     ),
     (
         "4 dst_policy does not reach the calendar",
-        "payments/recurring.py",
+        "payments/calendar.py",
         "        nonexistent=schedule.dst_nonexistent,\n"
         "        ambiguous=schedule.dst_ambiguous,\n",
         "",
@@ -51,14 +51,14 @@ PLANTS = [
     ),
     (
         "5a resume runs what fell due while paused",
-        "payments/recurring.py",
+        "payments/services/recurring.py",
         "                schedule.last_occurrence_at = now\n",
         "                pass\n",
         ["tests/payments/test_recurring.py", "-k", "resume_does_not_run"],
     ),
     (
         "5b max_occurrences counts skipped occurrences",
-        "payments/recurring.py",
+        "payments/engine/materializer.py",
         "        and schedule.occurrences_run >= schedule.max_occurrences",
         "        and schedule.occurrences_run"
         ' + schedule.occurrences.filter(status="skipped").count()'
@@ -77,7 +77,7 @@ PLANTS = [
         "payments/reconciliation.py",
         '        if reference != f"{PREFIX}{pid}":',
         "        if False:",
-        ["tests/payments/test_engine.py", "-k", "entry_is_not_its_own"],
+        ["tests/payments/test_reconciliation.py", "-k", "entry_is_not_its_own"],
     ),
 ]
 ok = True

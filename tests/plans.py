@@ -13,12 +13,13 @@ def captured_sql(call: Callable[[], object]) -> str:
     return ctx.captured_queries[-1]["sql"]
 
 
-def explain(sql: str, *tables: str) -> dict:
-    """``EXPLAIN ANALYZE`` of ``sql`` after ``ANALYZE`` of ``tables`` (fresh statistics)."""
+def explain(sql: str, *tables: str, params: dict | None = None) -> dict:
+    """``EXPLAIN ANALYZE`` of ``sql`` (with ``params``) after ``ANALYZE`` of ``tables``
+    (fresh statistics)."""
     with connection.cursor() as cursor:
         for table in tables:
             cursor.execute(f"ANALYZE {table}")
-        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql)
+        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
         return cursor.fetchone()[0][0]["Plan"]
 
 

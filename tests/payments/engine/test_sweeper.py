@@ -1,0 +1,295 @@
+"""The sweeper: claims, chunks, back-pressure, ticks (DESIGN §4.1; payments.engine.sweeper)."""
+
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+from ledger.models import JournalEntry
+from payments import transitions
+from payments.clock import db_now
+from payments.engine import executor, sweeper
+from payments.models import Payment
+from tests.payments.helpers import capture_publish, claim_batch, make_due, sweep
+from tests.plans import explain, index_scan
+
+pytestmark = pytest.mark.django_db
+
+
+def schedule(client, n=1, **overrides):
+    return [client.schedule(**overrides).json()["payment_id"] for _ in range(n)]
+
+
+def _claim_and_age(n, claimed_seconds_ago, settings):
+    with transaction.atomic():
+        claims = claim_batch(n)
+    ids = [c.payment_id for c in claims]
+    Payment.objects.filter(pk__in=ids).update(
+        lease_expires_at=db_now()
+        + timedelta(seconds=settings.PAYMENT_LEASE_SECONDS - claimed_seconds_ago),
+        run_at=db_now() - timedelta(seconds=claimed_seconds_ago),
+    )
+    return ids
+
+
+def test_sweep_claims_only_due_payments_and_publishes_to_partition_queue(alice, monkeypatch):
+    due = schedule(alice, 3)
+    future = schedule(alice, 1, delay_seconds=3600)
+    make_due(*due)
+    result, published = sweep(monkeypatch)
+    assert result.claimed == 3
+    partition = Payment.objects.get(pk=due[0]).partition
+    assert {queue for queue, _, _ in published} == {f"payments.p{partition:02d}"}
+    assert sorted(pid for pid, _ in published.items()) == sorted(due)
+    for pid, fence in published.items():
+        payment = Payment.objects.get(pk=pid)
+        assert payment.status == "QUEUED" and payment.fence == fence == 1
+        assert payment.attempts == 1 and payment.lease_expires_at > timezone.now()
+        assert payment.events.filter(type="queued", actor="system").count() == 1
+    assert Payment.objects.get(pk=future[0]).status == "PENDING"
+    assert sweep(monkeypatch)[0].claimed == 0  # nothing twice
+
+
+def test_lookahead_publishes_with_eta_not_early(alice, monkeypatch):
+    (pid,) = schedule(alice)
+    soon = timezone.now() + timedelta(milliseconds=600)
+    Payment.objects.filter(pk=pid).update(due_at=soon, run_at=soon)
+    result, published = sweep(monkeypatch)
+    assert result.claimed == 1
+    (_, _, countdown) = published[0]
+    assert 0.3 < countdown <= 0.6
+    # delivered now anyway (early): not executed, handed back
+    outcome = executor.execute_chunk(published.items())
+    assert outcome.completed == [] and [i[0] for i in outcome.not_due] == [pid]
+    assert Payment.objects.get(pk=pid).status == "QUEUED"
+    assert JournalEntry.objects.filter(reference=f"payment:{pid}").count() == 0
+
+
+def test_chunking_by_partition_size_and_spread(settings):
+    settings.PAYMENT_CHUNK_SIZE = 2
+    settings.PAYMENT_CHUNK_SPREAD_MS = 50
+    t0 = timezone.now()
+    claims = [
+        transitions.Claimed("a", 1, 0, t0),
+        transitions.Claimed("b", 1, 0, t0 + timedelta(milliseconds=10)),
+        transitions.Claimed("c", 1, 0, t0 + timedelta(milliseconds=20)),
+        transitions.Claimed("d", 1, 0, t0 + timedelta(milliseconds=500)),
+        transitions.Claimed("e", 1, 3, t0),
+    ]
+    chunks = [
+        (p, eta, [c.payment_id for c in chunk]) for p, eta, chunk in sweeper.chunk_claims(claims)
+    ]
+    assert chunks == [
+        (0, t0 + timedelta(milliseconds=10), ["a", "b"]),
+        (0, t0 + timedelta(milliseconds=20), ["c"]),
+        (0, t0 + timedelta(milliseconds=500), ["d"]),
+        (3, t0, ["e"]),
+    ]
+
+
+def test_overdue_claims_are_not_split_by_the_spread(settings):
+    """A backlog (all already due) goes out in full-size chunks; payments not yet
+    due still respect the spread, so none waits for a later one."""
+    settings.PAYMENT_CHUNK_SIZE = 3
+    settings.PAYMENT_CHUNK_SPREAD_MS = 50
+    now = timezone.now()
+    due = [now - timedelta(seconds=s) for s in (9, 6, 3, 1, 0)]
+    claims = [transitions.Claimed(f"o{i}", 1, 0, d) for i, d in enumerate(due)]
+    claims += [
+        transitions.Claimed("f1", 1, 0, now + timedelta(milliseconds=100)),
+        transitions.Claimed("f2", 1, 0, now + timedelta(milliseconds=400)),
+    ]
+    chunks = [[c.payment_id for c in chunk] for _, _, chunk in sweeper.chunk_claims(claims, now)]
+    assert chunks == [["o0", "o1", "o2"], ["o3", "o4"], ["f1"], ["f2"]]
+    # without "now" every gap counts, as before
+    assert len(sweeper.chunk_claims(claims)) == 7
+
+
+def test_sweep_holds_back_while_live_claims_are_past_half_their_lease(alice, monkeypatch, settings):
+    """Overload: claims that would wait longer than their lease in the queue are
+    not made; the backlog stays PENDING (no expiries, no attempts spent). The
+    oldest PAYMENT_LOST_CLAIMS_TOLERATED claims may be lost messages waiting
+    for the reaper: on their own they neither stall the sweep nor count as lag."""
+    settings.PAYMENT_LEASE_SECONDS = 60
+    settings.PAYMENT_LOST_CLAIMS_TOLERATED = 1
+    ids = schedule(alice, 4)
+    make_due(*ids)
+    _claim_and_age(1, 40, settings)  # one lost message, claimed 40 s ago
+    assert sweeper.executor_state() == sweeper.ExecutorState(behind=False, lag=0.0)
+    (waiting,) = _claim_and_age(1, 40, settings)  # a second one: the executors are behind
+    state = sweeper.executor_state()
+    assert state.behind and 39 < state.lag < 45
+    result, _ = sweep(monkeypatch)
+    assert result.backpressure and result.claimed == 0
+    assert Payment.objects.filter(status="PENDING").count() == 2
+    Payment.objects.filter(pk=waiting).update(
+        lease_expires_at=db_now() + timedelta(seconds=50),  # claimed 10 s ago
+        run_at=db_now() - timedelta(seconds=10),
+    )
+    result, _ = sweep(monkeypatch)
+    assert not result.backpressure and result.claimed == 2 and 9 < result.lag < 15
+    settings.PAYMENT_LOST_CLAIMS_TOLERATED = 0  # now the lost one counts
+    assert sweeper.executor_state().behind
+
+
+def test_lagging_executors_get_only_due_payments_in_full_chunks(alice, monkeypatch, settings):
+    """While the executors' queue delay exceeds PAYMENT_CATCH_UP_LAG_MS the
+    sweeper does not claim ahead (that would cut the next second into small
+    messages queued behind the backlog); the lookahead resumes after."""
+    settings.PAYMENT_LOST_CLAIMS_TOLERATED = 0
+    settings.PAYMENT_CATCH_UP_LAG_MS = 250
+    settings.PAYMENT_CHUNK_SPREAD_MS = 50
+    waiting, *overdue = schedule(alice, 4)
+    make_due(waiting, *overdue)
+    ahead = schedule(alice, 2)
+    soon = db_now() + timedelta(milliseconds=600)
+    Payment.objects.filter(pk__in=ahead).update(due_at=soon, run_at=soon)
+    Payment.objects.filter(pk=ahead[1]).update(
+        due_at=soon + timedelta(milliseconds=200), run_at=soon + timedelta(milliseconds=200)
+    )
+    Payment.objects.filter(pk__in=overdue).update(run_at=db_now() + timedelta(hours=1))
+    _claim_and_age(1, 2, settings)  # claimed 2 s ago, still waiting for a worker
+    Payment.objects.filter(pk__in=overdue).update(run_at=db_now() - timedelta(seconds=1))
+    state = sweeper.executor_state()
+    assert not state.behind and 1.9 < state.lag < 3
+    result, published = sweep(monkeypatch)
+    assert result.catching_up and not result.backpressure
+    assert (
+        sorted(p for p, _ in published.items()) == sorted(overdue) and result.messages == 1
+    )  # one full chunk
+    assert set(Payment.objects.filter(pk__in=ahead).values_list("status", flat=True)) == {"PENDING"}
+    executor.execute_chunk(published.items())  # the executors catch up
+    executor.execute_chunk([(waiting, Payment.objects.get(pk=waiting).fence)])
+    result, published = sweep(monkeypatch)
+    assert not result.catching_up and sorted(p for p, _ in published.items()) == sorted(ahead)
+    assert result.messages == 2  # not yet due: the spread applies again
+
+
+def test_backpressure_stops_claiming(alice, monkeypatch, settings):
+    settings.PAYMENT_MAX_QUEUED = 2
+    ids = schedule(alice, 3)
+    make_due(*ids)
+    result, _ = sweep(monkeypatch)
+    assert result.claimed == 2
+    assert sweep(monkeypatch)[0].backpressure
+
+
+def test_backlog_is_topped_up_in_whole_batches(alice, monkeypatch, settings):
+    """With a backlog QUEUED the sweeper waits until a whole batch fits: topping up
+    the few claims that just freed up would cut the backlog into tiny chunks."""
+    settings.PAYMENT_MAX_QUEUED = 5
+    settings.PAYMENT_SWEEP_BATCH = 3
+    ids = schedule(alice, 7)
+    make_due(*ids)
+    result, published = sweep(monkeypatch)
+    assert result.claimed == 3 and result.backpressure  # 2 would fit, not a batch
+    first = next(iter(published.items()))
+    executor.execute_chunk([first])  # one done: 2 QUEUED, room 3
+    result, _ = sweep(monkeypatch)
+    assert result.claimed == 3 and result.backpressure
+
+
+@pytest.mark.postgres
+def test_idle_sweep_and_reaper_do_not_scan_far_future_rows(alice):
+    """The cutoff must be an index condition, not a filter over every pending row.
+
+    ``clock_timestamp()`` is volatile, so PostgreSQL cannot use it to bound an
+    index scan: an idle sweep read all pending rows (28 ms at 50,000, growing
+    with the backlog). ``statement_timestamp()`` is stable and can.
+    """
+    from tests.payments.helpers import bulk_schedule
+
+    far = timezone.now() + timedelta(days=30)
+    bulk_schedule(
+        sources=[alice.account.pk],
+        targets=[alice.other_account.pk],
+        count=500,
+        amount=1,
+        due_at=far,
+    )
+    plan = explain(
+        transitions._CLAIM_SQL,
+        "payments_payment",
+        params={"lookahead": 1, "limit": 2000, "lease": 60},
+    )
+    scan = index_scan(plan, "payments_pending_run_at")
+    assert scan is not None and "run_at" in scan.get("Index Cond", ""), scan
+    assert scan.get("Rows Removed by Filter", 0) == 0 and scan["Actual Rows"] == 0
+
+    Payment.objects.update(status="QUEUED", lease_expires_at=far)
+    plan = explain(
+        transitions._REQUEUE_SQL, "payments_payment", params={"max_attempts": 5, "limit": 10_000}
+    )
+    scan = index_scan(plan, "payments_queued_lease")
+    assert scan is not None and "lease_expires_at" in scan.get("Index Cond", ""), scan
+    assert scan.get("Rows Removed by Filter", 0) == 0 and scan["Actual Rows"] == 0
+    assert Payment.objects.filter(status="QUEUED").count() == 500  # nothing claimed
+
+
+def test_catching_up_the_sweep_ticks_within_its_beat_interval(alice, monkeypatch, settings):
+    """While catching up only due payments are claimed; the sweep task sweeps again
+    every tick, so a payment falling due 300 ms into the tick is claimed in the same
+    run, not at beat's next tick a second later. Once caught up it returns at once."""
+    from payments import tasks
+
+    settings.PAYMENT_LOST_CLAIMS_TOLERATED = 0
+    settings.PAYMENT_CATCH_UP_LAG_MS = 250
+    settings.PAYMENT_SWEEP_TICK_MS = 50
+    settings.PAYMENT_SWEEP_WINDOW_SECONDS = 0.8
+    waiting, soon = schedule(alice, 2)
+    make_due(waiting)
+    _claim_and_age(1, 2, settings)  # an executor backlog: claimed 2 s ago, still waiting
+    due = db_now() + timedelta(milliseconds=300)
+    Payment.objects.filter(pk=soon).update(due_at=due, run_at=due)
+    published = capture_publish(monkeypatch)
+    started = time.monotonic()
+    result = tasks.sweep()
+    assert result["claimed"] == 1 and published.items()[0][0] == soon
+    assert Payment.objects.get(pk=soon).status == "QUEUED"
+    assert time.monotonic() - started < 1.0  # within the beat interval
+    # caught up: one sweep and back
+    for pid in (waiting, soon):
+        executor.execute_chunk([(pid, Payment.objects.get(pk=pid).fence)])
+    runs = []
+    real = tasks.sweep_once
+    monkeypatch.setattr(tasks, "sweep_once", lambda: runs.append(1) or real())
+    tasks.sweep()
+    assert runs == [1]
+
+
+def test_without_lookahead_the_sweep_ticks_within_its_beat_interval(alice, monkeypatch, settings):
+    """With no lookahead nothing is ever claimed ahead of its time, so the sweep task
+    keeps ticking through its window: a payment falling due 300 ms in is claimed in
+    the same run."""
+    from payments import tasks
+
+    settings.PAYMENT_LOOKAHEAD_SECONDS = 0
+    settings.PAYMENT_SWEEP_TICK_MS = 50
+    settings.PAYMENT_SWEEP_WINDOW_SECONDS = 0.8
+    (soon,) = schedule(alice, 1)
+    due = db_now() + timedelta(milliseconds=300)
+    Payment.objects.filter(pk=soon).update(due_at=due, run_at=due)
+    published = capture_publish(monkeypatch)
+    runs = []
+    real = tasks.sweep_once
+    monkeypatch.setattr(tasks, "sweep_once", lambda: runs.append(1) or real())
+    result = tasks.sweep()
+    assert result["claimed"] == 1 and published.items()[0][0] == soon
+    assert len(runs) > 1
+    assert Payment.objects.get(pk=soon).executed_at is None  # claimed, not executed early
+
+
+def test_timer_tasks_are_routed_to_their_own_queue():
+    """The sweeper must not wait behind payment chunks, a materialiser run or a webhook:
+    it and the reaper go to "timers", which the Procfile gives a worker of its own."""
+    from scheduler_project.celery import app
+
+    def queue(name):
+        return app.amqp.router.route({}, name)["queue"].name
+
+    assert queue("payments.sweep") == queue("payments.reap_leases") == "timers"
+    assert queue("payments.materialize_recurring") == "recurring"
+    assert queue("payments.retry_webhooks") == queue("payments.deliver_webhook") == "webhooks"
+    assert queue("ledger.reconcile") == "default"

@@ -1,0 +1,141 @@
+"""reconcile_ledger's payment check (payments.reconciliation)."""
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+from ledger import services as ledger
+from ledger.models import JournalEntry
+from ledger.reconciliation import reconcile
+from payments.engine import executor
+from payments.models import Payment
+from tests.payments.helpers import claim_batch, make_due, sweep
+from tests.plans import index_scan
+
+pytestmark = pytest.mark.django_db
+
+
+def schedule(client, n=1, **overrides):
+    return [client.schedule(**overrides).json()["payment_id"] for _ in range(n)]
+
+
+def _payment_check(progress=None) -> dict:
+    report = reconcile(progress=progress) if progress else reconcile()
+    return next(c for c in report.as_dict()["checks"] if c["name"] == "payments_exactly_once")
+
+
+@pytest.mark.postgres
+def test_reconcile_orphan_check_uses_the_entry_index_with_stale_statistics(alice):
+    """Right after a drain, before autovacuum re-analyzes, PostgreSQL believes no
+    payment is COMPLETED and no ``payment:`` entry exists. The orphan check must
+    still look each entry's payment up by the unique journal_entry_id index, not
+    rescan COMPLETED payments per entry (hours at 100,000 payments)."""
+    from django.db import connection, transaction
+
+    from payments.reconciliation import orphan_entries
+    from tests.payments.helpers import bulk_schedule
+
+    ids = bulk_schedule(
+        sources=[alice.account.pk],
+        targets=[alice.other_account.pk],
+        count=300,
+        amount=1,
+        due_at=timezone.now() - timedelta(seconds=1),
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE payments_payment")
+        cursor.execute("ANALYZE ledger_journalentry")
+    with transaction.atomic():
+        claims = claim_batch(1_000)
+    executor.execute_chunk([(c.payment_id, c.fence) for c in claims])
+    assert Payment.objects.filter(pk__in=ids, status="COMPLETED").count() == 300
+
+    sql, params = orphan_entries().query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
+        plan = cursor.fetchone()[0][0]["Plan"]
+    assert index_scan(plan, "payments_payment_journal_entry_id_key") is not None, plan
+    assert index_scan(plan, "payments_status_due") is None, plan
+    assert list(orphan_entries()) == []
+    assert reconcile().ok
+
+
+def test_reconcile_names_a_completed_payment_whose_entry_is_not_its_own(alice, monkeypatch):
+    """The corruption the check exists for: a COMPLETED payment pointing at
+    another entry (a bad manual fix), which leaves its own ``payment:`` entry
+    belonging to no payment."""
+    ids = schedule(alice, 2)
+    make_due(*ids)
+    _, published = sweep(monkeypatch)
+    assert sorted(executor.execute_chunk(published.items()).completed) == sorted(ids)
+    clean = _payment_check()
+    assert (clean["ok"], clean["rows_checked"], clean["mismatches"]) == (True, 2, [])
+
+    broken, _ = ids
+    own = JournalEntry.objects.get(reference=f"payment:{broken}")
+    other = ledger.transfer_post(
+        from_account_id=alice.account.pk,
+        to_account_id=alice.other_account.pk,
+        amount=1,
+        reference="manual fix",
+    )
+    Payment.objects.filter(pk=broken).update(journal_entry=other)
+    found = _payment_check()
+    assert found == {
+        "name": "payments_exactly_once",
+        "description": "every COMPLETED payment has exactly one journal entry "
+        "(payment:<id>); no other has one",
+        "ok": False,
+        "rows_checked": 2,
+        "mismatch_count": 2,
+        "mismatches": [
+            {
+                "message": f"payment {broken}: COMPLETED but its entry is 'manual fix'",
+                "payment_id": broken,
+                "reference": "manual fix",
+            },
+            {
+                "message": f"entry {own.pk} (payment:{broken}) belongs to no COMPLETED payment",
+                "entry_id": own.pk,
+                "reference": f"payment:{broken}",
+            },
+        ],
+    }
+
+
+def test_reconcile_payment_check_reports_progress_in_chunks_of_5000(alice):
+    """Exactly 5,000 COMPLETED payments: one chunk advanced inside the loop, none after."""
+    from tests.ledger.test_reconcile import Recorder
+
+    now = timezone.now()
+    with transaction.atomic():  # entries without postings: rolled back before any COMMIT
+        pids = [uuid.uuid4() for _ in range(5_000)]
+        entries = JournalEntry.objects.bulk_create(
+            JournalEntry(kind="transfer", reference=f"payment:{pid}") for pid in pids
+        )
+        Payment.objects.bulk_create(
+            Payment(
+                id=pid,
+                from_account=alice.account,
+                to_account=alice.other_account,
+                owner=alice.user,
+                amount=1,
+                due_at=now,
+                run_at=now,
+                partition=0,
+                status="COMPLETED",
+                executed_at=now,
+                journal_entry=entry,
+            )
+            for pid, entry in zip(pids, entries, strict=True)
+        )
+        recorder = Recorder()
+        found = _payment_check(recorder)
+        transaction.set_rollback(True)
+    assert (found["ok"], found["rows_checked"]) == (True, 5_000)
+    start = recorder.calls.index(("start", "payments_exactly_once", 5_000))
+    end = recorder.calls.index(("finish",), start)
+    assert recorder.calls[start + 1 : end] == [("advance", 5_000), ("advance", 0)]
