@@ -1,13 +1,13 @@
-"""The naive peers' task: one Celery task per payment (``bench/peers.py``).
+"""The naive peers' task: one Celery task per payment (``bench/scenarios/peers.py``).
 
 What a team writes without a durable timer: the payment is the message. The
 task posts the transfer with no idempotency reference (nothing deduplicates a
 second delivery) and logs the execution in ``bench_peer_execution``, a plain
-table ``bench/peers.py`` creates, in the same transaction — so a log row
+table ``bench/scenarios/peers.py`` creates, in the same transaction — so a log row
 exists exactly when money moved, and duplicate rows are duplicate payments.
 
 Load it into a worker with ``celery -A scheduler_project worker -I
-bench.peer_tasks -Q peers``; it runs under the project's Celery settings
+bench.scenarios.peer_tasks -Q peers``; it runs under the project's Celery settings
 (acks_late, reject_on_worker_lost, prefetch 1, the broker's visibility
 timeout), the same ones the service's own tasks get.
 """
@@ -17,8 +17,9 @@ from __future__ import annotations
 from celery import shared_task
 from django.db import connection, transaction
 
+MODULE = "bench.scenarios.peer_tasks"  # what the peers' workers load (-I)
 QUEUE = "peers"
-TASK_NAME = "bench.peer_tasks.peer_transfer"
+TASK_NAME = "bench.peer_tasks.peer_transfer"  # its name from before bench/ was a suite
 
 
 @shared_task(name=TASK_NAME, queue=QUEUE)

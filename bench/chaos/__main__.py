@@ -1,0 +1,7 @@
+"""``python -m bench.chaos``: the same as ``bench/chaos.py``."""
+
+import sys
+
+from bench.chaos.run import main
+
+sys.exit(main())

@@ -1,0 +1,80 @@
+"""What the suite measures: percentiles, CPU and memory of process trees, PostgreSQL CPU."""
+
+from __future__ import annotations
+
+
+# ---------------------------------------------------------------- summaries
+def percentile(sorted_values: list[float], p: float) -> float | None:
+    """Nearest-rank percentile of an already sorted list (None when empty)."""
+    if not sorted_values:
+        return None
+    index = min(len(sorted_values) - 1, max(0, round(p / 100 * (len(sorted_values) - 1))))
+    return sorted_values[index]
+
+
+def summarize(values: list[float], scale: float = 1.0, digits: int = 4) -> dict:
+    """p50/p95/p99/max (and count) of ``values``, multiplied by ``scale``."""
+    ordered = sorted(values)
+    out: dict = {"count": len(ordered)}
+    for name, p in (("p50", 50), ("p95", 95), ("p99", 99), ("max", 100)):
+        value = percentile(ordered, p)
+        out[name] = round(value * scale, digits) if value is not None else None
+    return out
+
+
+def cdf(values: list[float], points: int = 200) -> list[float]:
+    """``points + 1`` evenly spaced quantiles of ``values`` (for CDF charts)."""
+    ordered = sorted(values)
+    return [percentile(ordered, 100 * i / points) for i in range(points + 1)] if ordered else []
+
+
+# ---------------------------------------------------------------- process trees
+def _tree(pid: int):
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and its live descendants."""
+    total = 0.0
+    for proc in _tree(pid):
+        try:
+            times = proc.cpu_times()
+            total += times.user + times.system
+        except Exception:  # noqa: S112 - a child that just exited
+            continue
+    return total
+
+
+def tree_rss_mb(pid: int) -> float:
+    """Resident memory (MiB, one decimal) of ``pid`` and its live descendants."""
+    total = 0
+    for proc in _tree(pid):
+        try:
+            total += proc.memory_info().rss
+        except Exception:  # noqa: S112
+            continue
+    return round(total / 2**20, 1)
+
+
+# ---------------------------------------------------------------- PostgreSQL
+def postgres_cpu() -> dict[int, float]:
+    """CPU seconds used so far by each live PostgreSQL server process (all databases)."""
+    import psutil
+
+    out = {}
+    for proc in psutil.process_iter(["name", "cpu_times"]):
+        if proc.info["name"] in ("postgres", "postmaster") and proc.info["cpu_times"]:
+            out[proc.pid] = proc.info["cpu_times"].user + proc.info["cpu_times"].system
+    return out
+
+
+def postgres_cpu_since(before: dict[int, float]) -> float:
+    """CPU the server's processes used since ``before`` (a backend that exited meanwhile
+    is not counted: the services keep their connections, so that undercounts little)."""
+    return sum(now - before.get(pid, 0.0) for pid, now in postgres_cpu().items())

@@ -1,0 +1,195 @@
+"""Reports: ``bench/results/<UTC date>-<name>/`` and the suite's Markdown.
+
+Every bench writes into a dated run folder under ``bench/results/``, never
+loose files: ``report.json`` (or a timestamped JSON when a run may repeat the
+same day, e.g. chaos seeds), ``report.md`` beside it when there is one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+from datetime import UTC, datetime
+from pathlib import Path
+
+from bench.harness.processes import PG_SERVER, REDIS_SERVER, ROOT
+
+RESULTS = ROOT / "bench" / "results"
+
+
+def results_dir(name: str, when: datetime | None = None) -> Path:
+    """``bench/results/<date of when (UTC now)>-<name>/``, created."""
+    out = RESULTS / f"{(when or datetime.now(UTC)):%Y-%m-%d}-{name}"
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def write_report(
+    name: str,
+    report: dict,
+    *,
+    when: datetime | None = None,
+    filename: str = "report.json",
+    markdown: str | None = None,
+    indent: int = 2,
+) -> Path:
+    """``bench/results/<date>-<name>/<filename>`` (and the ``.md`` beside it when
+    ``markdown`` is given); prints and returns the JSON's path."""
+    path = results_dir(name, when) / filename
+    path.write_text(json.dumps(report, indent=indent, default=str))
+    if markdown is not None:
+        path.with_suffix(".md").write_text(markdown)
+    print(f"report: {path}")
+    return path
+
+
+def git_revision() -> str:
+    return subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def machine() -> dict:
+    import psutil
+    import psycopg
+    import redis
+
+    with psycopg.connect(f"{PG_SERVER}/postgres") as conn:
+        pg = conn.execute("SHOW server_version").fetchone()[0]
+    return {
+        "cpus": os.cpu_count(),
+        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "postgres": pg,
+        "redis": redis.Redis.from_url(REDIS_SERVER).info()["redis_version"],
+    }
+
+
+def fmt(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.3f}".rstrip("0").rstrip(".") if abs(value) < 100 else f"{value:,.0f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def suite_markdown(report: dict) -> str:
+    r = report["results"]
+    lines = [
+        f"# Benchmark report: {report['name']}",
+        "",
+        f"{report['date']} · {report['machine']['cpus']} CPUs · "
+        f"{report['machine']['memory_gb']} GiB · {report['machine']['platform']} · "
+        f"PostgreSQL {report['machine']['postgres']} · Redis {report['machine']['redis']} · "
+        f"git {report['git']}",
+        "",
+        f"Command: `{report['command']}`",
+        "",
+        "Service settings: defaults"
+        + "".join(f", {k}={v}" for k, v in report.get("env_overrides", {}).items()),
+        "",
+        "## Targets",
+        "",
+        "| target | limit | measured | met |",
+        "|---|---|---|---|",
+    ]
+    for row in report["targets"]:
+        met = {True: "yes", False: "**no**", None: "n/a (smaller run)"}[row["met"]]
+        lines.append(f"| {row['target']} | {fmt(row['limit'])} | {fmt(row['value'])} | {met} |")
+    for name in ("drain", "hot"):
+        d = r.get(name)
+        if not d or "error" in d:
+            continue
+        lat, cpu = d["lateness_seconds"], d["cpu"]
+        lines += [
+            "",
+            f"## {name}: {d['payments']:,} payments due at T0 "
+            f"({d['source_accounts']} sources → {d['target_accounts']} targets)",
+            "",
+            f"- drained in **{fmt(d['drain_seconds'])} s**, "
+            f"**{fmt(d['throughput_per_second'])} payments/s** "
+            f"(worker `-c {d['worker_concurrency']}`)",
+            f"- lateness p50 {fmt(lat['p50'])} s, p95 {fmt(lat['p95'])} s, "
+            f"p99 {fmt(lat['p99'])} s, max {fmt(lat['max'])} s",
+            f"- CPU over {fmt(cpu['wall_seconds'])} s: worker {fmt(cpu['worker_cpu_seconds'])} s, "
+            f"beat {fmt(cpu['beat_cpu_seconds'])} s, PostgreSQL "
+            f"{fmt(cpu['postgres_cpu_seconds'])} s; worker RSS {fmt(cpu['worker_rss_mb'])} MB",
+            f"- checks: {json.dumps(d['checks'])}",
+        ]
+    s = r.get("steady")
+    if s and "error" not in s:
+        lat = s["lateness_seconds"]
+        lines += [
+            "",
+            f"## steady: {s['rate_per_second']} payments/s due for {s['seconds']} s, "
+            "API under load",
+            "",
+            f"- lateness p50 {fmt(lat['p50'])} s, p95 {fmt(lat['p95'])} s, "
+            f"p99 {fmt(lat['p99'])} s, max {fmt(lat['max'])} s over {lat['count']:,} payments",
+        ]
+        for kind in ("schedule", "status"):
+            a = s["api"].get(kind, {})
+            if a:
+                ms = a["latency_ms"]
+                lines.append(
+                    f"- API {kind} at {a['rate_per_second']}/s: p50 {fmt(ms['p50'])} ms, "
+                    f"p95 {fmt(ms['p95'])} ms, p99 {fmt(ms['p99'])} ms "
+                    f"(errors {a['errors'] or 0}, late starts {a['late_starts']})"
+                )
+        lines.append(f"- checks: {json.dumps(s['checks'])}")
+    sc = r.get("scale")
+    if sc and "error" not in sc:
+        lines += [
+            "",
+            "## scale: pending far-future payments",
+            "",
+            "| pending | idle sweep (ms) | claim 2,000 due (ms) | worker RSS (MB) "
+            "| bytes/payment (payment + hold + event) |",
+            "|---|---|---|---|---|",
+        ]
+        for entry in sc["sizes"].values():
+            b = entry["bytes_per_payment"]
+            lines.append(
+                f"| {entry['pending']:,} | {fmt(entry['idle_sweep_ms'])} "
+                f"| {fmt(entry['claim_2000_ms'])} | {fmt(entry['worker_memory']['rss_mb_end'])} "
+                f"| {b['total']:,} ({b['payment_row_and_indexes']:,} + "
+                f"{b['hold_row_and_indexes']:,} + {b['events']:,}) |"
+            )
+        lines.append(
+            f"\nClaim cost ratio {fmt(sc['claim_cost_ratio'])}, "
+            f"idle sweep ratio {fmt(sc['idle_sweep_ratio'])}."
+        )
+    p = r.get("pglimit")
+    if p and "error" not in p:
+        ours = r.get("drain", {}).get("throughput_per_second")
+        lines += [
+            "",
+            "## physical limit (pgbench, same PostgreSQL)",
+            "",
+            f"- PL/pgSQL transfer, one per transaction, {p['clients']} clients: "
+            f"**{fmt(p['single_transfers_per_second'])}/s**",
+            f"- {p['batch_size']} per transaction: **{fmt(p['batched_transfers_per_second'])}/s**",
+            f"- work per transfer: {p['work_per_transfer']}",
+        ]
+        if ours:
+            lines.append(
+                f"- this service's drain throughput is "
+                f"**{ours / p['batched_transfers_per_second']:.0%}** of the batched limit and "
+                f"{ours / p['single_transfers_per_second']:.0%} of the single-transfer one "
+                "(the service also captures a hold, updates the payment and writes an attempt "
+                "and an event per payment)"
+            )
+    peers = r.get("peers")
+    if peers and "error" not in peers:
+        lines += ["", "## peers (same workload)", "", "```json", json.dumps(peers, indent=2), "```"]
+    errors = {k: v["error"] for k, v in r.items() if isinstance(v, dict) and "error" in v}
+    if errors:
+        lines += ["", "## scenarios that failed to run", ""]
+        lines += [f"- {k}: {v}" for k, v in errors.items()]
+    lines += ["", "## Charts", ""] + [f"![{c}]({c})" for c in report["charts"]]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,79 @@
+"""API latency: schedule and status p50/p95/p99 at a fixed request rate.
+
+    .venv/bin/python bench/api_latency.py [--rate 50] [--status-rate 100] [--duration 30]
+
+Recreates the database ``scheduler_bench_api``, creates a client with
+``create_api_client --json``, starts gunicorn (2 workers x 4 threads, the
+shipped ``gunicorn.conf.py`` otherwise), a Celery worker and beat (so the
+payments it schedules — due 1-30 s later — execute while it measures), and
+drives an open-loop load: ``--rate`` ``POST /api/v1/payments/schedule`` per
+second and ``--status-rate`` ``GET /api/v1/payments/{id}`` per second, each
+from its own keep-alive connections. Latency is measured per request from the
+moment it was sent to the last byte of the answer; ``late_starts`` counts
+requests sent more than 10 ms behind their slot (the generator falling behind).
+Writes ``bench/results/<date>-api/api-<timestamp>.json``.
+
+The load generator (``bench.harness.api_load.run_load``) is also what the
+suite's steady-load scenario measures the API with while payments execute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import UTC, datetime
+
+from bench.harness.api_load import create_client, run_load, start_web
+from bench.harness.db import prepare
+from bench.harness.processes import Service
+from bench.harness.report import write_report
+
+DATABASE = "scheduler_bench_api"
+REDIS_DB = 5
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rate", type=float, default=50, help="schedule requests per second")
+    parser.add_argument("--status-rate", type=float, default=100, help="status requests/s")
+    parser.add_argument("--duration", type=float, default=30)
+    parser.add_argument("--no-executions", action="store_true", help="no worker or beat")
+    args = parser.parse_args()
+
+    env = prepare(DATABASE, REDIS_DB)
+    client = create_client("bench", accounts=20, balance=10**12)
+    with Service(env, "api") as service:
+        base = start_web(service)
+        if not args.no_executions:
+            service.beat()
+            service.timers()
+            service.worker(2)
+        result = run_load(
+            base=base,
+            token=client["token"],
+            account_ids=client["account_ids"],
+            schedule_rate=args.rate,
+            status_rate=args.status_rate,
+            duration=args.duration,
+        )
+    from bench.harness.app import Payment
+
+    for kind in ("schedule", "status"):
+        result[kind].pop("latencies_ms")
+    result |= {
+        "benchmark": "api",
+        "date": datetime.now(UTC).isoformat(),
+        "duration_seconds": args.duration,
+        "executions_running": not args.no_executions,
+        "payments_completed_during_run": Payment.objects.filter(status="COMPLETED").count(),
+        "gunicorn": "2 workers x 4 threads",
+    }
+    now = datetime.now(UTC)
+    print(json.dumps(result, indent=2))
+    write_report("api", result, when=now, filename=f"api-{now:%Y%m%dT%H%M%S}.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,144 @@
+"""Executor cost in-process: CPU time and statements per executed payment, by chunk size.
+
+    .venv/bin/python bench/executor_cost.py [--payments 1000] [--sizes 200,100,20,1]
+                                            [--endpoints 10] [--profile 100] [--top 30]
+
+Recreates ``scheduler_bench_execcost`` and sets up the noisy-neighbours minute
+in miniature: 10 clients with two funded accounts each; 5 of them have
+``--endpoints`` webhook endpoints subscribed to ``payment.completed``. For each
+chunk size it inserts ``--payments`` payments already due (an even share per
+client, between each client's own two accounts, as the every-minute schedules
+are), claims them with the sweeper's claim statement, cuts the claims into
+chunks of that size and runs ``execute_chunk`` on each in this process — no
+broker round trip, no other load — so the numbers are the executor's own
+cost: CPU (``time.process_time``) and SQL statements per payment, and the
+PostgreSQL backend's CPU is not included. ``--profile SIZE`` runs cProfile
+over the chunks of that size and prints the top functions by cumulative CPU.
+Writes ``bench/results/<date>-executor-cost/report.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import sys
+import time
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+
+from bench.harness.api_load import create_client
+from bench.harness.db import prepare
+from bench.harness.load import bulk_schedule
+from bench.harness.report import write_report
+
+DATABASE = "scheduler_bench_execcost"
+REDIS_DB = 8
+CLIENTS = 10
+CLIENTS_WITH_ENDPOINTS = 5
+
+
+def setup_clients(endpoints: int) -> list[tuple[int, int]]:
+    from django.contrib.auth import get_user_model
+
+    from bench.harness.app import WebhookEndpoint, encrypt_webhook_secret, new_secret
+
+    pairs = []
+    for n in range(CLIENTS):
+        info = create_client(f"exec-{n}", accounts=2, balance=10**12)
+        pairs.append(tuple(info["account_ids"]))
+        if n < CLIENTS_WITH_ENDPOINTS:
+            owner = get_user_model().objects.get(username=f"exec-{n}")
+            WebhookEndpoint.objects.bulk_create(
+                WebhookEndpoint(
+                    client=owner,
+                    url=f"https://hooks.example.test/{n}/{e}",
+                    event_types=["payment.completed"],
+                    secret_ciphertext=encrypt_webhook_secret(new_secret()),
+                )
+                for e in range(endpoints)
+            )
+    return pairs
+
+
+def run_size(pairs, payments: int, size: int, profiler=None) -> dict:
+    from django.db import connection, transaction
+    from django.test.utils import CaptureQueriesContext
+
+    from bench.harness.app import Payment, PaymentStatus, claim_batch, execute_chunk
+
+    per_client = payments // len(pairs)
+    due = datetime.now(UTC) - timedelta(seconds=1)
+    for source, target in pairs:
+        bulk_schedule(sources=[source], targets=[target], count=per_client, amount=1, due_at=due)
+    with transaction.atomic():
+        claims = claim_batch(payments * 2, 0.0)
+    by_partition: dict[int, list] = {}
+    for claim in claims:
+        by_partition.setdefault(claim.partition, []).append((claim.payment_id, claim.fence))
+    chunks = [
+        items[i : i + size] for items in by_partition.values() for i in range(0, len(items), size)
+    ]
+    wall_started, cpu_started = time.perf_counter(), time.process_time()
+    with CaptureQueriesContext(connection) as ctx:
+        if profiler:
+            profiler.enable()
+        for chunk in chunks:
+            execute_chunk(chunk)
+        if profiler:
+            profiler.disable()
+    cpu = time.process_time() - cpu_started
+    wall = time.perf_counter() - wall_started
+    done = Payment.objects.filter(pk__in=[c.payment_id for c in claims])
+    completed = done.filter(status=PaymentStatus.COMPLETED).count()
+    assert completed == len(claims), (completed, len(claims))
+    shapes = Counter(q["sql"][:100] for q in ctx.captured_queries)
+    return {
+        "chunk_size": size,
+        "payments": len(claims),
+        "chunks": len(chunks),
+        "cpu_ms_per_payment": round(cpu * 1000 / len(claims), 3),
+        "wall_ms_per_payment": round(wall * 1000 / len(claims), 3),
+        "statements_per_chunk": round(len(ctx.captured_queries) / len(chunks), 1),
+        "statements": sorted(((c, s) for s, c in shapes.items()), reverse=True)[:12],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--payments", type=int, default=1000)
+    parser.add_argument("--sizes", default="200,100,20,1")
+    parser.add_argument("--endpoints", type=int, default=10)
+    parser.add_argument("--profile", type=int, help="chunk size to profile")
+    parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--name", default="executor-cost")
+    args = parser.parse_args()
+
+    prepare(DATABASE, REDIS_DB, LOG_LEVEL="WARNING")
+    pairs = setup_clients(args.endpoints)
+    run_size(pairs, 200, 100)  # warm-up: imports, connections, statement caches
+    report = {"at": datetime.now(UTC).isoformat(), "endpoints": args.endpoints, "runs": []}
+    profile_text = ""
+    for size in [int(s) for s in args.sizes.split(",")]:
+        profiler = cProfile.Profile(time.process_time) if size == args.profile else None
+        row = run_size(pairs, args.payments, size, profiler)
+        report["runs"].append(row)
+        print(
+            f"chunk {size:>4}: {row['chunks']} chunks, CPU {row['cpu_ms_per_payment']} ms/payment, "
+            f"wall {row['wall_ms_per_payment']} ms/payment, "
+            f"{row['statements_per_chunk']} statements/chunk"
+        )
+        if profiler:
+            out = io.StringIO()
+            pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(args.top)
+            profile_text = out.getvalue()
+    if profile_text:
+        print(profile_text)
+        report["profile"] = profile_text
+    write_report(args.name, report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
