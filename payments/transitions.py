@@ -24,6 +24,10 @@ transition            from                  to          fence   event          w
 
 [1] only when it was QUEUED: a message already published for it is fenced out.
 
+Recurring schedules change status here too (``set_schedule_status``,
+``advance_schedule``): active ⇄ paused, active or paused → cancelled, active →
+ended once no occurrence is left.
+
 Callers hold the payment's row lock (``payments.locks``) and own the
 transaction; the SQL forms take their own row locks (``FOR NO KEY UPDATE
 SKIP LOCKED``) inside the caller's transaction. Every fence bump makes any
@@ -47,8 +51,9 @@ from ledger.models import Account, HoldStatus, JournalEntry
 from ledger.services import LedgerBatch
 
 from . import routing, webhooks
+from .calendar import planned
 from .clock import db_now, iso_timestamp
-from .exceptions import PaymentNotCancellable, PaymentNotModifiable
+from .exceptions import PaymentNotCancellable, PaymentNotModifiable, RecurringNotChangeable
 from .models import (
     DEAD_LETTER_CODE,
     OPEN_STATUSES,
@@ -56,6 +61,8 @@ from .models import (
     Payment,
     PaymentEvent,
     PaymentStatus,
+    RecurringPayment,
+    RecurringStatus,
 )
 
 
@@ -583,3 +590,37 @@ def retry(payment: Payment, *, now: datetime, staff_user: AbstractBaseUser) -> N
         from_status=PaymentStatus.FAILED,
         actor_user=staff_user,
     ).save()
+
+
+# --- recurring schedules -----------------------------------------------------------------
+
+SCHEDULE_MOVES = {
+    RecurringStatus.ACTIVE: {
+        RecurringStatus.PAUSED,
+        RecurringStatus.ENDED,
+        RecurringStatus.CANCELLED,
+    },
+    RecurringStatus.PAUSED: {RecurringStatus.ACTIVE, RecurringStatus.CANCELLED},
+}
+
+
+def set_schedule_status(schedule: RecurringPayment, status: str, *, reason: str = "") -> None:
+    """Move a schedule to ``status`` with the ``status_reason`` the client reads. In
+    memory; the caller holds the schedule's row lock and saves. An ended or
+    cancelled schedule never moves again (``RecurringNotChangeable``)."""
+    if status not in SCHEDULE_MOVES.get(schedule.status, set()):
+        raise RecurringNotChangeable(
+            f"Recurring payment {schedule.pk} is {schedule.status}; it cannot become {status}.",
+            status=schedule.status,
+        )
+    schedule.status = status
+    schedule.status_reason = reason[:255]
+
+
+def advance_schedule(schedule: RecurringPayment) -> None:
+    """Recompute ``next_run_at`` from the calendar; an active schedule with no
+    occurrence left (past its end or its ``max_occurrences``) ends. In memory."""
+    upcoming = planned(schedule, 1)
+    schedule.next_run_at = upcoming[0] if upcoming else None
+    if schedule.next_run_at is None and schedule.status == RecurringStatus.ACTIVE:
+        set_schedule_status(schedule, RecurringStatus.ENDED)

@@ -10,12 +10,15 @@ functions.
 from ledger.models import Account, Hold, JournalEntry
 from ledger.reconciliation import reconcile
 from ledger.services import LedgerBatch, account_create, account_set_status, deposit
+from payments import tasks, transitions
 from payments.clock import db_now
-from payments.execution import execute_chunk
+from payments.engine import sweeper
+from payments.engine.executor import execute_chunk
 from payments.models import (
     DEAD_LETTER_CODE,
     OPEN_STATUSES,
     TERMINAL_STATUSES,
+    Actor,
     OccurrenceStatus,
     Payment,
     PaymentAttempt,
@@ -27,12 +30,26 @@ from payments.models import (
     WebhookDelivery,
     WebhookEndpoint,
 )
-from payments.recurring import recurring_create
-from payments.scheduling import _claim_batch as claim_batch
-from payments.scheduling import sweep_due
-from payments.services import partition_for
+from payments.routing import partition_for
+from payments.services import recurring_create
 from payments.webhook_secrets import encrypt as encrypt_webhook_secret
 from payments.webhooks import endpoint_create, new_secret
+
+
+def claim_batch(limit: int, lookahead: float):
+    """The sweeper's claim (PENDING → QUEUED) without publishing; caller's transaction."""
+    return transitions.claim_due(limit=limit, lookahead=lookahead)
+
+
+def sweep_due(max_batches: int = 50):
+    """One sweep as the timer worker runs it: claim, commit, publish."""
+    return sweeper.sweep_due(publish=tasks.publish_chunks, max_batches=max_batches)
+
+
+def schedule_many(*, sources, items):
+    """Funded PENDING payments with their holds and events (``transitions.schedule_many``)."""
+    return transitions.schedule_many(LedgerBatch(account_ids=sources), items, actor=Actor.CLIENT)
+
 
 __all__ = [
     "DEAD_LETTER_CODE",
@@ -64,5 +81,6 @@ __all__ = [
     "partition_for",
     "reconcile",
     "recurring_create",
+    "schedule_many",
     "sweep_due",
 ]

@@ -31,41 +31,25 @@ def bulk_schedule(*, sources, targets, count, amount, due_at, batch=5_000) -> li
 
 
 def _bulk_schedule_batch(*, sources, targets, count, amount, due_at):
-    """Create ``count`` funded PENDING payments fast (one transaction, bulk inserts).
-
-    Same rows the API would write (hold placed through the ledger), minus
-    the per-request overhead; round-robin over sources and targets.
-
-    A copy of ``tests/payments/engine.py``'s ``bulk_schedule`` (bench does not
-    import ``tests``); to be replaced by the app's own bulk-scheduling function.
-    """
-    import uuid
-
+    """Create ``count`` funded PENDING payments in one transaction: the rows the
+    API would write (``transitions.schedule_many``: hold placed through the
+    ledger, a ``scheduled`` event each), minus the per-request overhead;
+    round-robin over sources and targets."""
     from django.db import transaction
 
-    from bench.harness.app import LedgerBatch, Payment, partition_for
+    from bench.harness.app import db_now, schedule_many
 
-    payments = []
+    now = db_now()
+    items = [
+        {
+            "from_account_id": sources[i % len(sources)],
+            "to_account_id": targets[i % len(targets)],
+            "amount": amount,
+            "due_at": due_at,
+            "now": now,
+        }
+        for i in range(count)
+    ]
     with transaction.atomic():
-        batch = LedgerBatch(account_ids=sources)
-        for i in range(count):
-            source = sources[i % len(sources)]
-            target = targets[i % len(targets)]
-            pid = uuid.uuid4()
-            hold = batch.place_hold(account_id=source, amount=amount, reference=f"payment:{pid}")
-            payments.append(
-                Payment(
-                    id=pid,
-                    from_account_id=source,
-                    to_account_id=target,
-                    owner_id=batch.accounts[source].owner_id,
-                    amount=amount,
-                    due_at=due_at,
-                    run_at=due_at,
-                    partition=partition_for(source),
-                    hold=hold,
-                )
-            )
-        batch.flush()
-        Payment.objects.bulk_create(payments)
+        payments = schedule_many(sources=sources, items=items)
     return [str(p.pk) for p in payments]

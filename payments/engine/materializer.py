@@ -45,7 +45,7 @@ from ledger.models import Account, AccountStatus
 from ledger.services import LedgerBatch
 
 from .. import locks, metrics, transitions, webhooks
-from ..calendar import jitter_for, planned, spec_of
+from ..calendar import jitter_for, spec_of
 from ..calendar import occurrences as occurrence_times
 from ..clock import db_now, iso_timestamp
 from ..models import (
@@ -162,8 +162,7 @@ def recurring_park(*, schedule_id, error: BaseException) -> None:
             schedule = locks.lock_active_schedule(schedule_id)
             if schedule is None:
                 return
-            schedule.status = RecurringStatus.PAUSED
-            schedule.status_reason = reason[:255]
+            transitions.set_schedule_status(schedule, RecurringStatus.PAUSED, reason=reason)
             schedule.updated_at = db_now()
             schedule.save(update_fields=["status", "status_reason", "updated_at"])
             owner = schedule.from_account.owner_id
@@ -244,10 +243,7 @@ def materialize_one(schedule_id, result: MaterializeResult | None = None) -> Mat
                 result.failed += 1
             else:
                 result.skipped += 1
-        nxt = planned(schedule, 1)
-        schedule.next_run_at = nxt[0] if nxt else None
-        if schedule.next_run_at is None and schedule.status == RecurringStatus.ACTIVE:
-            schedule.status = RecurringStatus.ENDED
+        transitions.advance_schedule(schedule)
         schedule.updated_at = now
         schedule.save()
         owner = schedule.from_account.owner_id
@@ -299,10 +295,11 @@ def _run_occurrence(schedule: RecurringPayment, instant: datetime, due_at: datet
         }
         events.append(("recurring.occurrence_failed", data))
         if schedule.consecutive_failures >= schedule.max_consecutive_failures:
-            schedule.status = RecurringStatus.PAUSED
-            schedule.status_reason = (
-                f"Paused after {schedule.consecutive_failures} consecutive failed occurrences "
-                f"(last: {exc.code})."
+            transitions.set_schedule_status(
+                schedule,
+                RecurringStatus.PAUSED,
+                reason=f"Paused after {schedule.consecutive_failures} consecutive failed "
+                f"occurrences (last: {exc.code}).",
             )
             events.append(("recurring.paused", {**data, "reason": "too many consecutive failures"}))
             logger.warning(

@@ -18,7 +18,7 @@ from django.db import transaction
 from ledger.exceptions import AccountNotActive
 from ledger.models import Account, AccountStatus
 
-from .. import locks
+from .. import locks, transitions
 from ..calendar import AMBIGUOUS_POLICIES, NONEXISTENT_POLICIES, planned, validate_cron, zone
 from ..clock import db_now
 from ..exceptions import (
@@ -177,10 +177,7 @@ def recurring_update(*, schedule_id, client, **changes) -> RecurringPayment:
         )
         if "amount" in changes:
             check_amount(schedule.amount, Account.objects.get(pk=schedule.from_account_id))
-        nxt = planned(schedule, 1)
-        schedule.next_run_at = nxt[0] if nxt else None
-        if schedule.next_run_at is None and schedule.status == RecurringStatus.ACTIVE:
-            schedule.status = RecurringStatus.ENDED
+        transitions.advance_schedule(schedule)
         schedule.updated_at = db_now()
         schedule.save()
     return schedule
@@ -209,8 +206,7 @@ def recurring_set_status(*, schedule_id, client, action: str) -> RecurringPaymen
                 f"Cannot {action} a schedule that is {schedule.status}.", status=schedule.status
             )
         now = db_now()
-        schedule.status = target
-        schedule.status_reason = ""
+        transitions.set_schedule_status(schedule, target)
         if action == "resume":
             schedule.consecutive_failures = 0
             if schedule.next_run_at is not None and schedule.next_run_at < now:
