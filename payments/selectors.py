@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import uuid
-from datetime import UTC, datetime
+from datetime import datetime
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import connections
@@ -89,13 +89,13 @@ class _Row(Func):
     output_field = Field()
 
 
-def _stored_datetime(value: datetime, alias: str) -> Value:
-    """``value`` as the database stores a ``db_default=Now()`` column (see below)."""
-    if connections[alias].vendor == "sqlite":
-        utc = value.astimezone(UTC)
-        text = f"{utc:%Y-%m-%d %H:%M:%S}.{utc.microsecond // 1000:03d}"
-        return Value(text, output_field=CharField())
-    return Value(value, output_field=DateTimeField())
+SQLITE_TIME_TEXT = "%Y-%m-%d %H:%M:%f"  # strftime: seconds with milliseconds (SS.SSS)
+
+
+def _sqlite_normal(value) -> Func:
+    """``strftime(SQLITE_TIME_TEXT, value)``: the one text form (milliseconds, as
+    SQLite's own ``%f`` rounds them) a datetime column and a cursor are compared in."""
+    return Func(Value(SQLITE_TIME_TEXT), value, function="strftime", output_field=CharField())
 
 
 def newest_first_page(qs: QuerySet, *, cursor: str | None, limit: int) -> tuple[list, str | None]:
@@ -107,13 +107,28 @@ def newest_first_page(qs: QuerySet, *, cursor: str | None, limit: int) -> tuple[
     (created_at = c AND id < i)`` is only a filter, so a deep page read and
     discarded every row before it.
 
-    SQLite keeps datetimes as text and compares them as text. ``created_at``
-    there is written by the database (``db_default=Now()``) as ``YYYY-MM-DD
-    HH:MM:SS.fff``, while Django writes a Python datetime as ``….ffffff``, so
-    a row compared with its own cursor came out *less* (a prefix sorts first)
-    and the rows after it on the same millisecond came back on the next page.
-    There the cursor is compared in the column's own format.
+    SQLite keeps datetimes as text and compares them as text, in whatever
+    format each row was written: ``YYYY-MM-DD HH:MM:SS.fff`` by the database
+    (``db_default=Now()``), ``….ffffff`` by Django for a Python datetime (the
+    services stamp ``created_at`` themselves), no fraction at all for a whole
+    second. Compared as written, a row could sort after its own cursor and
+    rows of one instant came back on the next page, or not at all. There
+    both the order and the cursor condition use one normal form,
+    ``strftime(SQLITE_TIME_TEXT, …)`` of the column and of the cursor's time alike
+    (milliseconds, rounded by SQLite itself; ties go by id).
     """
+    sqlite = connections[qs.db].vendor == "sqlite"
+    created = "created_at"
+    if sqlite:
+        qs = qs.annotate(
+            created_text=Func(
+                Value(SQLITE_TIME_TEXT),
+                F("created_at"),
+                function="strftime",
+                output_field=CharField(),
+            )
+        )
+        created = "created_text"
     if cursor:
         created_raw, id_raw = decode_cursor(cursor, 2)
         try:
@@ -123,13 +138,16 @@ def newest_first_page(qs: QuerySet, *, cursor: str | None, limit: int) -> tuple[
             raise InvalidRequest(
                 "Invalid cursor.", fields={"cursor": "not a cursor from this API"}
             ) from None
+        bound = Value(created_at, output_field=DateTimeField())
+        if sqlite:
+            bound = _sqlite_normal(bound)
         qs = qs.filter(
             LessThan(
-                _Row(F("created_at"), F("id")),
-                _Row(_stored_datetime(created_at, qs.db), Value(last_id, output_field=UUIDField())),
+                _Row(F(created), F("id")),
+                _Row(bound, Value(last_id, output_field=UUIDField())),
             )
         )
-    rows = list(qs.order_by("-created_at", "-id")[: limit + 1])
+    rows = list(qs.order_by(f"-{created}", "-id")[: limit + 1])
     if len(rows) > limit:
         last = rows[limit - 1]
         return rows[:limit], encode_cursor(last.created_at, last.pk)

@@ -13,17 +13,14 @@ import json
 import uuid
 from datetime import UTC, datetime, timedelta
 from urllib.parse import quote
-from zoneinfo import ZoneInfo
 
 import pytest
-from django.db import IntegrityError, connection, connections, transaction
-from django.db.models import CharField
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from payments.exceptions import InvalidRequest
 from payments.models import Payment
 from payments.selectors import (
-    _stored_datetime,
     decode_cursor,
     decode_id_cursor,
     encode_cursor,
@@ -269,13 +266,35 @@ def test_every_malformed_cursor_is_the_same_400(alice):
         _invalid_cursor(lambda c=cursor: decode_id_cursor(c))
 
 
-def test_sqlite_cursor_time_is_compared_in_the_stored_format(monkeypatch):
-    """SQLite compares datetimes as text; ``db_default=Now()`` stores UTC as
-    ``YYYY-MM-DD HH:MM:SS.fff``, so the cursor's time is given in that form."""
-    monkeypatch.setattr(connections["default"], "vendor", "sqlite")
-    berlin = ZoneInfo("Europe/Berlin")
-    for microsecond, text in ((999_999, "05.999"), (500_000, "05.500"), (1_000, "05.001")):
-        local = datetime(2024, 3, 10, 9, 30, 5, microsecond, tzinfo=berlin)
-        stored = _stored_datetime(local, "default")
-        assert stored.value == f"2024-03-10 08:30:{text}"  # UTC, truncated to milliseconds
-        assert isinstance(stored.output_field, CharField)
+def test_pages_are_stable_whatever_format_each_time_was_written_in():
+    """On SQLite a ``created_at`` is text in the format its writer chose: the
+    database's default (``….fff``), Django for a Python datetime (``….ffffff``, or
+    no fraction on a whole second). Rows of one millisecond, written each way, are
+    paged by id: none skipped, none repeated (on PostgreSQL they are plain
+    timestamps and the same holds)."""
+    owner = UserFactory()
+    source = AccountFactory(owner=owner, funded=10_000)
+    ids = bulk_schedule(
+        sources=[source.pk],
+        targets=[AccountFactory().pk],
+        count=4,
+        amount=1,
+        due_at=timezone.now() + timedelta(minutes=1),
+    )
+    if connection.vendor == "sqlite":
+        # the database's default, Django's whole second and microseconds, and
+        # two that SQLite's %f rounds to the same millisecond from either side
+        written = ["2024-03-10 08:30:05.000", "2024-03-10 08:30:05", "2024-03-10 08:30:05.000000"]
+        written.append("2024-03-10 08:30:04.999600")
+        with connection.cursor() as cursor:
+            for pid, text in zip(ids, written, strict=True):
+                cursor.execute(
+                    "UPDATE payments_payment SET created_at = %s WHERE id = %s",
+                    [text, uuid.UUID(pid).hex],
+                )
+    else:
+        moment = datetime(2024, 3, 10, 8, 30, 5, tzinfo=UTC)
+        Payment.objects.filter(pk__in=ids).update(created_at=moment)
+    newest_first = sorted(ids, key=uuid.UUID, reverse=True)
+    assert _walk(owner, limit=1) == (newest_first, 4)
+    assert _walk(owner, limit=3) == (newest_first, 2)
