@@ -1,0 +1,790 @@
+"""The ledger services' contract, in the detail callers and operators see.
+
+The message and ``details`` of every ``LedgerError`` reach API error bodies
+(``payments.api.errors``), admin messages and payment attempts, so they are
+pinned here as exactly as balances, journal rows, holds and account versions.
+"""
+
+import threading
+import time
+
+import pytest
+from django.db import IntegrityError, connection, transaction
+from django.db.utils import OperationalError
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from ledger import services as ledger
+from ledger.exceptions import (
+    AccountNotActive,
+    AccountNotFound,
+    DuplicateReference,
+    EntryAlreadyReversed,
+    HoldMismatch,
+    HoldNotActive,
+    InsufficientFunds,
+    InvalidAmount,
+    LedgerError,
+    SameAccount,
+    SystemAccountProtected,
+)
+from ledger.models import Account, Hold, HoldStatus, JournalEntry, Posting
+from ledger.services import LedgerBatch, Leg
+from tests.concurrency import run_in_threads
+from tests.factories import AccountFactory, UserFactory
+
+pytestmark = pytest.mark.django_db
+
+MISSING = 987_654_321  # an id no row has
+
+
+def fresh(account):
+    return Account.objects.get(pk=account.pk)
+
+
+def postings(entry):
+    return list(
+        Posting.objects.filter(entry=entry).order_by("pk").values_list("account_id", "amount")
+    )
+
+
+def error(exc_info, cls):
+    """The exception, checked to be exactly ``cls`` (not a subclass or base)."""
+    assert type(exc_info.value) is cls
+    return exc_info.value
+
+
+# --- errors: message and details ---------------------------------------------
+
+
+def test_unknown_account_is_reported_with_its_id():
+    a = AccountFactory(funded=10)
+    with pytest.raises(AccountNotFound) as exc:
+        ledger.transfer_post(from_account_id=a.pk, to_account_id=MISSING, amount=1)
+    assert exc.value.message == f"Account {MISSING} does not exist."
+    assert exc.value.details == {"account_id": MISSING}
+    with pytest.raises(AccountNotFound) as exc:
+        ledger.hold_place(account_id=MISSING, amount=1)
+    assert exc.value.details == {"account_id": MISSING}
+    assert fresh(a).balance == 10
+
+
+@pytest.mark.parametrize("amount", [0, -5, 1.5, True, "10"])
+@pytest.mark.parametrize("operation", ["transfer", "hold"])
+def test_invalid_amount_message_names_the_amount(operation, amount):
+    a, b = AccountFactory(funded=100), AccountFactory()
+    with pytest.raises(InvalidAmount) as exc:
+        if operation == "transfer":
+            ledger.transfer_post(from_account_id=a.pk, to_account_id=b.pk, amount=amount)
+        else:
+            ledger.hold_place(account_id=a.pk, amount=amount)
+    assert exc.value.message == "Amount must be a positive integer."
+    assert exc.value.details == {"amount": amount}
+    assert (fresh(a).balance, fresh(a).held, fresh(b).balance) == (100, 0, 0)
+
+
+def test_smallest_amounts_are_accepted():
+    a, b = AccountFactory(funded=2), AccountFactory()
+    ledger.transfer_post(from_account_id=a.pk, to_account_id=b.pk, amount=1)
+    hold = ledger.hold_place(account_id=a.pk, amount=1)
+    assert hold.amount == 1
+    assert (fresh(a).balance, fresh(a).held, fresh(b).balance) == (1, 1, 1)
+
+
+def test_same_account_message():
+    a = AccountFactory(funded=10)
+    with pytest.raises(SameAccount) as exc:
+        ledger.transfer_post(from_account_id=a.pk, to_account_id=a.pk, amount=1)
+    assert exc.value.message == "Source and destination accounts must differ."
+    assert exc.value.details == {}
+
+
+@pytest.mark.parametrize("status", ["frozen", "closed"])
+def test_unusable_account_is_reported_with_its_status(status):
+    a, b = AccountFactory(funded=10), AccountFactory()
+    ledger.account_set_status(account_id=b.pk, status=status)
+    with pytest.raises(AccountNotActive) as exc:
+        ledger.transfer_post(from_account_id=a.pk, to_account_id=b.pk, amount=1)
+    assert exc.value.message == f"Account {b.pk} is {status}."
+    assert exc.value.details == {"account_id": b.pk, "status": status}
+    assert (fresh(a).balance, fresh(b).balance) == (10, 0)
+
+
+def test_insufficient_funds_messages():
+    a, b = AccountFactory(funded=100), AccountFactory()
+    with pytest.raises(InsufficientFunds) as exc:
+        ledger.transfer_post(from_account_id=a.pk, to_account_id=b.pk, amount=101)
+    assert exc.value.message == f"Account {a.pk} has 100 available; 101 needed."
+    ledger.hold_place(account_id=a.pk, amount=30)
+    with pytest.raises(InsufficientFunds) as exc:
+        ledger.hold_place(account_id=a.pk, amount=71)
+    assert exc.value.message == f"Account {a.pk} has 70 available; 71 needed."
+    assert exc.value.details == {"account_id": a.pk, "available": 70, "required": 71}
+    assert (fresh(a).balance, fresh(a).held) == (100, 30)
+
+
+def test_whole_available_balance_can_be_moved_or_held():
+    a, b = AccountFactory(funded=100), AccountFactory()
+    ledger.hold_place(account_id=a.pk, amount=40)
+    ledger.transfer_post(from_account_id=a.pk, to_account_id=b.pk, amount=60)
+    assert (fresh(a).balance, fresh(a).held, fresh(b).balance) == (40, 40, 60)
+    ledger.hold_place(account_id=b.pk, amount=60)
+    assert (fresh(b).balance, fresh(b).held) == (60, 60)
+
+
+def test_hold_mismatch_message():
+    a, b = AccountFactory(funded=100), AccountFactory()
+    hold = ledger.hold_place(account_id=a.pk, amount=50)
+    with pytest.raises(HoldMismatch) as exc:
+        ledger.transfer_post(from_account_id=a.pk, to_account_id=b.pk, amount=40, hold_id=hold.pk)
+    assert exc.value.message == (
+        f"Hold {hold.pk} (50 on account {a.pk}) does not match this entry."
+    )
+    assert exc.value.details == {"hold_id": hold.pk}
+    hold.refresh_from_db()
+    assert (hold.status, fresh(a).held, fresh(b).balance) == (HoldStatus.ACTIVE, 50, 0)
+
+
+def test_hold_not_active_details_carry_the_hold_status():
+    a, b = AccountFactory(funded=100), AccountFactory()
+    released = ledger.hold_place(account_id=a.pk, amount=10)
+    ledger.hold_release(hold_id=released.pk)
+    captured = ledger.hold_place(account_id=a.pk, amount=20)
+    ledger.hold_capture(hold_id=captured.pk, to_account_id=b.pk)
+
+    with pytest.raises(HoldNotActive) as exc:
+        ledger.hold_capture(hold_id=released.pk, to_account_id=b.pk)
+    assert exc.value.message == f"Hold {released.pk} is not active."
+    assert exc.value.details == {"hold_id": released.pk, "status": "released"}
+    with pytest.raises(HoldNotActive) as exc:
+        ledger.hold_release(hold_id=captured.pk)
+    assert exc.value.details == {"hold_id": captured.pk, "status": "captured"}
+    with pytest.raises(HoldNotActive) as exc:
+        ledger.transfer_post(from_account_id=a.pk, to_account_id=b.pk, amount=5, hold_id=MISSING)
+    assert exc.value.message == f"Hold {MISSING} is not active."
+    assert exc.value.details == {"hold_id": MISSING, "status": None}
+    assert (fresh(a).balance, fresh(a).held, fresh(b).balance) == (80, 0, 20)
+
+
+@pytest.mark.parametrize("service", ["release", "capture"])
+def test_missing_hold_message(service):
+    b = AccountFactory()
+    with pytest.raises(HoldNotActive) as exc:
+        if service == "release":
+            ledger.hold_release(hold_id=MISSING)
+        else:
+            ledger.hold_capture(hold_id=MISSING, to_account_id=b.pk)
+    assert exc.value.message == f"Hold {MISSING} does not exist."
+    assert exc.value.details == {"hold_id": MISSING}
+
+
+def test_duplicate_reference_message():
+    a, b = AccountFactory(funded=100), AccountFactory()
+    ledger.transfer_post(from_account_id=a.pk, to_account_id=b.pk, amount=1, reference="pay:7")
+    with pytest.raises(DuplicateReference) as exc:
+        ledger.transfer_post(from_account_id=a.pk, to_account_id=b.pk, amount=1, reference="pay:7")
+    assert exc.value.message == "An entry with reference 'pay:7' is already posted."
+    assert exc.value.details == {"reference": "pay:7"}
+
+
+def test_already_reversed_message():
+    a, b = AccountFactory(funded=100), AccountFactory()
+    entry = ledger.transfer_post(from_account_id=a.pk, to_account_id=b.pk, amount=30)
+    ledger.entry_reverse(entry_id=entry.pk)
+    with pytest.raises(EntryAlreadyReversed) as exc:
+        ledger.entry_reverse(entry_id=entry.pk)
+    assert exc.value.message == f"Entry {entry.pk} is already reversed."
+    assert exc.value.details == {"entry_id": entry.pk}
+    assert (fresh(a).balance, fresh(b).balance) == (100, 0)
+
+
+@pytest.mark.parametrize("amount", [0, 1.5, True, "5"])
+def test_adjustment_amount_must_be_a_non_zero_integer(amount):
+    a = AccountFactory(funded=10)
+    with pytest.raises(InvalidAmount) as exc:
+        ledger.adjustment_post(
+            account_id=a.pk, amount=amount, description="fix", staff_user=UserFactory()
+        )
+    assert exc.value.message == "Adjustment amount must be a non-zero integer."
+    assert exc.value.details == {"amount": amount}
+    assert fresh(a).balance == 10
+
+
+@pytest.mark.parametrize("description", ["", "   "])
+def test_adjustment_needs_a_reason(description):
+    a = AccountFactory(funded=10)
+    with pytest.raises(InvalidAmount) as exc:
+        ledger.adjustment_post(
+            account_id=a.pk, amount=5, description=description, staff_user=UserFactory()
+        )
+    assert exc.value.message == "An adjustment needs a reason."
+    assert exc.value.details == {}
+    assert fresh(a).balance == 10
+
+
+# --- account status ----------------------------------------------------------
+
+
+def test_unknown_status_is_refused():
+    a = AccountFactory()
+    with pytest.raises(LedgerError) as exc:
+        ledger.account_set_status(account_id=a.pk, status="bogus")
+    error(exc, LedgerError)
+    assert exc.value.message == "Unknown account status 'bogus'."
+    assert (fresh(a).status, fresh(a).version) == ("active", 0)
+
+
+def test_status_of_missing_account():
+    with pytest.raises(AccountNotFound) as exc:
+        ledger.account_set_status(account_id=MISSING, status="frozen")
+    assert exc.value.message == f"Account {MISSING} does not exist."
+    assert exc.value.details == {"account_id": MISSING}
+
+
+def test_system_account_message():
+    issuance = ledger.issuance_account()
+    with pytest.raises(SystemAccountProtected) as exc:
+        ledger.account_set_status(account_id=issuance.pk, status="frozen")
+    assert exc.value.message == (
+        f"Account #{issuance.pk} Issuance is a system account; its status cannot be changed."
+    )
+    assert exc.value.details == {"account_id": issuance.pk}
+
+
+def test_freeze_and_unfreeze_bump_version_each_time():
+    a = AccountFactory(funded=10)  # the deposit made version 1
+    before = timezone.now()
+    frozen = ledger.account_set_status(account_id=a.pk, status="frozen")
+    assert (frozen.status, frozen.version) == ("frozen", 2)
+    stored = fresh(a)
+    assert (stored.status, stored.version, stored.balance) == ("frozen", 2, 10)
+    assert stored.updated_at >= before
+    ledger.account_set_status(account_id=a.pk, status="active")
+    assert (fresh(a).status, fresh(a).version) == ("active", 3)
+
+
+@pytest.mark.parametrize("status", ["active", "frozen"])
+def test_closed_account_cannot_be_reopened(status):
+    a = AccountFactory()
+    ledger.account_set_status(account_id=a.pk, status="closed")
+    with pytest.raises(AccountNotActive) as exc:
+        ledger.account_set_status(account_id=a.pk, status=status)
+    assert exc.value.message == f"Account {a.pk} is closed."
+    assert exc.value.details == {"account_id": a.pk}
+    assert (fresh(a).status, fresh(a).version) == ("closed", 1)
+
+
+def test_closing_a_closed_account_again_is_allowed():
+    a = AccountFactory()
+    ledger.account_set_status(account_id=a.pk, status="closed")
+    closed = ledger.account_set_status(account_id=a.pk, status="closed")
+    assert (closed.status, closed.version) == ("closed", 2)
+    assert (fresh(a).status, fresh(a).version) == ("closed", 2)
+
+
+def test_emptied_account_can_be_closed():
+    a, b = AccountFactory(funded=10), AccountFactory()
+    ledger.transfer_post(from_account_id=a.pk, to_account_id=b.pk, amount=10)
+    ledger.account_set_status(account_id=a.pk, status="closed")
+    assert (fresh(a).status, fresh(a).balance, fresh(a).version) == ("closed", 0, 3)
+
+
+@pytest.mark.parametrize("hold", [0, 4])
+def test_close_refused_while_money_or_holds_remain(hold):
+    a = AccountFactory(funded=5)
+    if hold:
+        ledger.hold_place(account_id=a.pk, amount=hold)
+    version = fresh(a).version
+    with pytest.raises(LedgerError) as exc:
+        ledger.account_set_status(account_id=a.pk, status="closed")
+    error(exc, LedgerError)
+    assert exc.value.message == f"Account {a.pk} must have zero balance and no holds to close."
+    assert exc.value.details == {"account_id": a.pk}
+    assert (fresh(a).status, fresh(a).version) == ("active", version)
+
+
+# --- journal rows, balances, holds ---------------------------------------------
+
+
+def test_transfer_writes_entry_postings_and_bumps_versions():
+    a, b = AccountFactory(funded=100), AccountFactory(funded=5)
+    before = timezone.now()
+    entry = ledger.transfer_post(
+        from_account_id=a.pk, to_account_id=b.pk, amount=30, reference="pay:1", description="rent"
+    )
+    stored = JournalEntry.objects.get(pk=entry.pk)
+    assert (stored.kind, stored.reference, stored.description) == ("transfer", "pay:1", "rent")
+    assert (stored.created_by_id, stored.reverses_id) == (None, None)
+    assert list(
+        Posting.objects.filter(entry=entry)
+        .order_by("pk")
+        .values_list("account_id", "amount", "balance_after")
+    ) == [(a.pk, -30, 70), (b.pk, 30, 35)]
+    a_after, b_after = fresh(a), fresh(b)
+    assert (a_after.balance, a_after.version, b_after.balance, b_after.version) == (70, 2, 35, 2)
+    assert a_after.updated_at == b_after.updated_at >= before
+
+
+def test_transfer_description_defaults_to_empty_and_is_cut_to_255():
+    a, b = AccountFactory(funded=100), AccountFactory()
+    plain = ledger.transfer_post(from_account_id=a.pk, to_account_id=b.pk, amount=1)
+    long = ledger.transfer_post(
+        from_account_id=a.pk, to_account_id=b.pk, amount=1, description="x" * 300
+    )
+    assert JournalEntry.objects.get(pk=plain.pk).description == ""
+    assert long.description == JournalEntry.objects.get(pk=long.pk).description == "x" * 255
+
+
+def test_deposit_entry_kind_reference_and_description():
+    a = AccountFactory()
+    default = ledger.deposit(account_id=a.pk, amount=5, reference="dep:1")
+    named = ledger.deposit(account_id=a.pk, amount=7, description="Top-up")
+    rows = JournalEntry.objects.in_bulk([default.pk, named.pk])
+    assert (rows[default.pk].kind, rows[default.pk].reference) == ("deposit", "dep:1")
+    assert rows[default.pk].description == "Deposit"
+    assert (rows[named.pk].kind, rows[named.pk].description) == ("deposit", "Top-up")
+    issuance = ledger.issuance_account()
+    assert postings(named) == [(issuance.pk, -7), (a.pk, 7)]
+    assert fresh(a).balance == 12
+
+
+def test_issuance_account_is_created_once_as_a_negative_system_account():
+    issuance = ledger.issuance_account()
+    assert (issuance.system_code, issuance.name, issuance.allow_negative) == (
+        "issuance",
+        "Issuance",
+        True,
+    )
+    assert ledger.issuance_account().pk == issuance.pk
+    assert Account.objects.filter(system_code="issuance").count() == 1
+
+
+def test_account_create_fields():
+    user = UserFactory()
+    plain = ledger.account_create(owner=user)
+    limited = ledger.account_create(owner=user, name="savings", max_payment_amount=500)
+    plain, limited = fresh(plain), fresh(limited)
+    assert (plain.owner_id, plain.name, plain.max_payment_amount) == (user.pk, "", 1_000_000)
+    assert (limited.owner_id, limited.name, limited.max_payment_amount) == (user.pk, "savings", 500)
+    assert (plain.balance, plain.status) == (0, "active")
+
+
+def test_holds_accumulate_and_release_returns_only_their_amount():
+    a = AccountFactory(funded=100)
+    first = ledger.hold_place(account_id=a.pk, amount=30, reference="pay:1")
+    second = ledger.hold_place(account_id=a.pk, amount=20)
+    assert (fresh(a).balance, fresh(a).held, fresh(a).version) == (100, 50, 3)
+    stored = Hold.objects.get(pk=first.pk)
+    assert (stored.account_id, stored.amount, stored.reference, stored.status) == (
+        a.pk,
+        30,
+        "pay:1",
+        "active",
+    )
+    assert (Hold.objects.get(pk=second.pk).reference, stored.resolved_at) == ("", None)
+
+    ledger.hold_release(hold_id=second.pk)
+    released, account = Hold.objects.get(pk=second.pk), fresh(a)
+    assert (account.balance, account.held, account.version) == (100, 30, 4)
+    assert released.status == HoldStatus.RELEASED
+    assert released.resolved_at is not None
+    assert released.resolved_at == account.updated_at
+
+
+def test_hold_reference_is_cut_to_128():
+    a = AccountFactory(funded=10)
+    hold = ledger.hold_place(account_id=a.pk, amount=1, reference="r" * 200)
+    assert hold.reference == Hold.objects.get(pk=hold.pk).reference == "r" * 128
+
+
+def test_hold_on_frozen_account_is_refused():
+    a = AccountFactory(funded=10)
+    ledger.account_set_status(account_id=a.pk, status="frozen")
+    with pytest.raises(AccountNotActive) as exc:
+        ledger.hold_place(account_id=a.pk, amount=1)
+    assert exc.value.details == {"account_id": a.pk, "status": "frozen"}
+    assert (fresh(a).held, Hold.objects.filter(account=a).count()) == (0, 0)
+
+
+def test_capture_pays_from_the_hold_and_leaves_other_holds():
+    a, b = AccountFactory(funded=100), AccountFactory()
+    other = ledger.hold_place(account_id=a.pk, amount=25)
+    hold = ledger.hold_place(account_id=a.pk, amount=75)
+    entry = ledger.hold_capture(
+        hold_id=hold.pk, to_account_id=b.pk, reference="pay:9", description="invoice 9"
+    )
+    stored = JournalEntry.objects.get(pk=entry.pk)
+    assert (stored.kind, stored.reference, stored.description) == (
+        "transfer",
+        "pay:9",
+        "invoice 9",
+    )
+    assert postings(entry) == [(a.pk, -75), (b.pk, 75)]
+    captured, account = Hold.objects.get(pk=hold.pk), fresh(a)
+    assert (captured.status, captured.entry_id) == (HoldStatus.CAPTURED, entry.pk)
+    assert captured.resolved_at is not None
+    assert captured.resolved_at == account.updated_at
+    assert (account.balance, account.held) == (25, 25)
+    assert Hold.objects.get(pk=other.pk).status == HoldStatus.ACTIVE
+    assert fresh(b).balance == 75
+
+
+def test_capture_description_defaults_to_empty():
+    a, b = AccountFactory(funded=10), AccountFactory()
+    hold = ledger.hold_place(account_id=a.pk, amount=10)
+    entry = ledger.hold_capture(hold_id=hold.pk, to_account_id=b.pk)
+    assert (JournalEntry.objects.get(pk=entry.pk).description, entry.reference) == ("", None)
+
+
+def test_capture_reads_the_hold_once_before_locking_it():
+    a, b = AccountFactory(funded=10), AccountFactory()
+    hold = ledger.hold_place(account_id=a.pk, amount=10)
+    with CaptureQueriesContext(connection) as queries:
+        ledger.hold_capture(hold_id=hold.pk, to_account_id=b.pk)
+    reads = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("SELECT")]
+    hold_reads = [sql for sql in reads if 'FROM "ledger_hold"' in sql]
+    assert len(hold_reads) == 2  # the lookup, then the lock (FOR NO KEY UPDATE)
+    assert "FOR NO KEY UPDATE" in hold_reads[1]
+
+
+# --- adjustments and reversals -------------------------------------------------
+
+
+@pytest.mark.parametrize("amount", [1, -1, 40, -60])
+def test_adjustment_posts_against_issuance(amount):
+    a, staff = AccountFactory(funded=60), UserFactory(is_staff=True)
+    issuance_before = fresh(ledger.issuance_account()).balance
+    entry = ledger.adjustment_post(
+        account_id=a.pk, amount=amount, description="goodwill", staff_user=staff
+    )
+    stored = JournalEntry.objects.get(pk=entry.pk)
+    assert (stored.kind, stored.description, stored.created_by_id) == (
+        "adjustment",
+        "goodwill",
+        staff.pk,
+    )
+    issuance = ledger.issuance_account()
+    assert postings(entry) == [(issuance.pk, -amount), (a.pk, amount)]
+    assert fresh(a).balance == 60 + amount
+    assert fresh(issuance).balance == issuance_before - amount
+
+
+def test_adjustment_cannot_overdraw_or_touch_a_closed_account():
+    a, staff = AccountFactory(funded=60), UserFactory(is_staff=True)
+    with pytest.raises(InsufficientFunds) as exc:
+        ledger.adjustment_post(account_id=a.pk, amount=-61, description="fix", staff_user=staff)
+    assert exc.value.details == {"account_id": a.pk, "available": 60, "required": 61}
+    closed = AccountFactory()
+    ledger.account_set_status(account_id=closed.pk, status="closed")
+    with pytest.raises(AccountNotActive) as exc:
+        ledger.adjustment_post(account_id=closed.pk, amount=5, description="fix", staff_user=staff)
+    assert exc.value.details == {"account_id": closed.pk, "status": "closed"}
+    assert (fresh(a).balance, fresh(closed).balance) == (60, 0)
+
+
+def test_reversal_entry_rows():
+    a, b = AccountFactory(funded=100), AccountFactory()
+    staff = UserFactory(is_staff=True)
+    first = ledger.transfer_post(from_account_id=a.pk, to_account_id=b.pk, amount=30)
+    second = ledger.transfer_post(from_account_id=a.pk, to_account_id=b.pk, amount=20)
+    default = ledger.entry_reverse(entry_id=first.pk)
+    named = ledger.entry_reverse(entry_id=second.pk, description="refund", staff_user=staff)
+    rows = JournalEntry.objects.in_bulk([default.pk, named.pk])
+    assert (rows[default.pk].kind, rows[default.pk].reverses_id) == ("reversal", first.pk)
+    assert rows[default.pk].description == f"Reversal of entry {first.pk}"
+    assert rows[default.pk].created_by_id is None
+    assert (rows[named.pk].description, rows[named.pk].created_by_id) == ("refund", staff.pk)
+    assert rows[named.pk].reverses_id == second.pk
+    assert list(
+        Posting.objects.filter(entry=named)
+        .order_by("pk")
+        .values_list("account_id", "amount", "balance_after")
+    ) == [(a.pk, 20, 100), (b.pk, -20, 0)]
+    assert (fresh(a).balance, fresh(b).balance) == (100, 0)
+
+
+def test_reversal_applies_to_frozen_accounts():
+    a, b = AccountFactory(funded=100), AccountFactory()
+    entry = ledger.transfer_post(from_account_id=a.pk, to_account_id=b.pk, amount=30)
+    ledger.account_set_status(account_id=a.pk, status="frozen")
+    ledger.account_set_status(account_id=b.pk, status="frozen")
+    ledger.entry_reverse(entry_id=entry.pk)
+    assert (fresh(a).balance, fresh(b).balance) == (100, 0)
+
+
+def test_reversal_cannot_overdraw_the_account_that_received_the_money():
+    a, b, c = AccountFactory(funded=100), AccountFactory(), AccountFactory()
+    entry = ledger.transfer_post(from_account_id=a.pk, to_account_id=b.pk, amount=30)
+    ledger.transfer_post(from_account_id=b.pk, to_account_id=c.pk, amount=25)
+    with pytest.raises(InsufficientFunds) as exc:
+        ledger.entry_reverse(entry_id=entry.pk)
+    assert exc.value.details == {"account_id": b.pk, "available": 5, "required": 30}
+    assert not JournalEntry.objects.filter(reverses=entry).exists()
+    assert (fresh(a).balance, fresh(b).balance) == (70, 5)
+
+
+# --- LedgerBatch: the unit of work payments use ----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("amounts", "message"),
+    [
+        ([5], "An entry needs two or more non-zero postings."),
+        ([5, 0, -5], "An entry needs two or more non-zero postings."),
+        ([-5, 4], "The postings of an entry must sum to zero."),
+    ],
+)
+def test_entry_shape_is_checked_first(amounts, message):
+    accounts = [AccountFactory(funded=10) for _ in amounts]
+    with transaction.atomic():
+        batch = LedgerBatch(account_ids=[a.pk for a in accounts])
+        with pytest.raises(InvalidAmount) as exc:
+            batch.post_entry(
+                kind="transfer",
+                legs=[Leg(a.pk, amount) for a, amount in zip(accounts, amounts, strict=True)],
+            )
+        batch.flush()
+    assert exc.value.message == message
+    assert exc.value.details == {}
+    assert [fresh(a).balance for a in accounts] == [10] * len(accounts)
+
+
+def test_entry_defaults_and_legs_on_one_account_add_up():
+    a, b = AccountFactory(funded=100), AccountFactory()
+    with transaction.atomic():
+        batch = LedgerBatch(account_ids=[a.pk, b.pk])
+        with pytest.raises(InsufficientFunds) as exc:
+            batch.post_entry(kind="transfer", legs=[Leg(a.pk, -60), Leg(a.pk, -60), Leg(b.pk, 120)])
+        entry = batch.post_entry(
+            kind="transfer", legs=[Leg(a.pk, -50), Leg(a.pk, -50), Leg(b.pk, 100)]
+        )
+        batch.flush()
+    assert exc.value.details == {"account_id": a.pk, "available": 100, "required": 120}
+    stored = JournalEntry.objects.get(pk=entry.pk)
+    assert (stored.description, stored.reference) == ("", None)
+    assert list(
+        Posting.objects.filter(entry=entry).order_by("pk").values_list("amount", "balance_after")
+    ) == [(-50, 50), (-50, 0), (100, 100)]
+    assert (fresh(a).balance, fresh(b).balance) == (0, 100)
+
+
+def test_entry_refuses_frozen_accounts_unless_allowed():
+    a, b = AccountFactory(funded=10), AccountFactory()
+    ledger.account_set_status(account_id=b.pk, status="frozen")
+    with transaction.atomic():
+        batch = LedgerBatch(account_ids=[a.pk, b.pk])
+        with pytest.raises(AccountNotActive):
+            batch.post_entry(kind="transfer", legs=[Leg(a.pk, -1), Leg(b.pk, 1)])
+        batch.post_entry(kind="adjustment", legs=[Leg(a.pk, -2), Leg(b.pk, 2)], allow_frozen=True)
+        batch.flush()
+    assert (fresh(a).balance, fresh(b).balance) == (8, 2)
+
+
+def test_capture_in_a_multi_leg_entry_needs_the_hold_account_as_only_debit():
+    a, b, c = AccountFactory(funded=50), AccountFactory(), AccountFactory(funded=10)
+    hold = ledger.hold_place(account_id=a.pk, amount=50)
+    with transaction.atomic():
+        batch = LedgerBatch(account_ids=[a.pk, b.pk, c.pk], hold_ids=[hold.pk])
+        with pytest.raises(HoldMismatch):  # c is debited too
+            batch.post_entry(
+                kind="transfer",
+                legs=[Leg(a.pk, -50), Leg(c.pk, -10), Leg(b.pk, 60)],
+                hold_id=hold.pk,
+            )
+        # c nets to zero: not a debit.
+        entry = batch.post_entry(
+            kind="transfer",
+            legs=[Leg(a.pk, -50), Leg(c.pk, -10), Leg(c.pk, 10), Leg(b.pk, 50)],
+            hold_id=hold.pk,
+        )
+        batch.flush()
+    assert Hold.objects.get(pk=hold.pk).entry_id == entry.pk
+    assert [(fresh(x).balance, fresh(x).held) for x in (a, b, c)] == [(0, 0), (50, 0), (10, 0)]
+
+
+def test_batch_transfer_and_hold_defaults():
+    a, b = AccountFactory(funded=10), AccountFactory()
+    with transaction.atomic():
+        batch = LedgerBatch(account_ids=[a.pk, b.pk])
+        entry = batch.transfer(from_account_id=a.pk, to_account_id=b.pk, amount=3)
+        hold = batch.place_hold(account_id=a.pk, amount=2)
+        batch.flush()
+    stored = JournalEntry.objects.get(pk=entry.pk)
+    assert (stored.kind, stored.description, stored.reference) == ("transfer", "", None)
+    assert Hold.objects.get(pk=hold.pk).reference == ""
+    assert (fresh(a).balance, fresh(a).held, fresh(b).balance) == (7, 2, 3)
+
+
+def test_batch_finds_taken_references_without_spoiling_the_batch():
+    """A duplicate is refused by the operation itself, declared or not, so the
+    batch's other operations still flush."""
+    a, b = AccountFactory(funded=100), AccountFactory()
+    ledger.transfer_post(from_account_id=a.pk, to_account_id=b.pk, amount=1, reference="pay:1")
+    with transaction.atomic():
+        declared = LedgerBatch(account_ids=[a.pk, b.pk], references=["pay:1", "pay:2"])
+        with pytest.raises(DuplicateReference) as exc:
+            declared.transfer(from_account_id=a.pk, to_account_id=b.pk, amount=1, reference="pay:1")
+        declared.transfer(from_account_id=a.pk, to_account_id=b.pk, amount=2, reference="pay:2")
+        declared.flush()
+    assert exc.value.details == {"reference": "pay:1"}
+    with transaction.atomic():
+        undeclared = LedgerBatch(account_ids=[a.pk, b.pk])
+        with pytest.raises(DuplicateReference):
+            undeclared.transfer(
+                from_account_id=a.pk, to_account_id=b.pk, amount=1, reference="pay:1"
+            )
+        undeclared.transfer(from_account_id=a.pk, to_account_id=b.pk, amount=4, reference="pay:3")
+        with pytest.raises(DuplicateReference):  # posted earlier in this batch
+            undeclared.transfer(
+                from_account_id=a.pk, to_account_id=b.pk, amount=1, reference="pay:3"
+            )
+        undeclared.transfer(from_account_id=a.pk, to_account_id=b.pk, amount=8)
+        undeclared.flush()
+    assert sorted(
+        JournalEntry.objects.filter(reference__startswith="pay:").values_list(
+            "reference", flat=True
+        )
+    ) == ["pay:1", "pay:2", "pay:3"]
+    assert (fresh(a).balance, fresh(b).balance) == (85, 15)
+
+
+def test_batch_looks_each_reference_up_once():
+    a, b = AccountFactory(funded=100), AccountFactory()
+    with transaction.atomic():
+        batch = LedgerBatch(account_ids=[a.pk, b.pk])
+        batch.transfer(from_account_id=a.pk, to_account_id=b.pk, amount=1, reference="pay:1")
+        with CaptureQueriesContext(connection) as queries, pytest.raises(DuplicateReference):
+            batch.transfer(from_account_id=a.pk, to_account_id=b.pk, amount=1, reference="pay:1")
+        batch.flush()
+    assert queries.captured_queries == []
+
+
+@pytest.mark.postgres
+def test_flush_writes_one_statement_per_table():
+    """Module docstring: one INSERT for entries, one for postings (nothing read
+    back: postings get their ids from the table's default), one UPDATE per table."""
+    a, b = AccountFactory(funded=100), AccountFactory()
+    hold = ledger.hold_place(account_id=a.pk, amount=10)
+    with transaction.atomic():
+        batch = LedgerBatch(account_ids=[a.pk, b.pk], hold_ids=[hold.pk])
+        batch.transfer(from_account_id=a.pk, to_account_id=b.pk, amount=10, hold_id=hold.pk)
+        batch.transfer(from_account_id=a.pk, to_account_id=b.pk, amount=5)
+        with CaptureQueriesContext(connection) as queries:
+            batch.flush()
+    statements = [" ".join(q["sql"].split()[:3]) for q in queries.captured_queries]
+    assert statements == [
+        # the two entries' ids first, so postings and the hold can refer to them
+        "SELECT nextval(pg_get_serial_sequence('ledger_journalentry', 'id'))",
+        'INSERT INTO "ledger_journalentry"',
+        'INSERT INTO "ledger_posting"',
+        'UPDATE "ledger_hold" AS',
+        'UPDATE "ledger_account" AS',
+    ]
+    assert (fresh(a).balance, fresh(a).held, fresh(b).balance) == (85, 0, 15)
+
+
+# --- concurrency (PostgreSQL, real transactions) -----------------------------------
+
+
+def in_other_connection(statement, params):
+    """Run one statement in a connection of its own; the error's class name or ``None``."""
+    outcome = []
+
+    def run(_):
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(statement, params)
+            outcome.append(None)
+        except OperationalError as exc:
+            outcome.append(type(exc.__cause__).__name__)
+
+    assert run_in_threads(run, 1) == []
+    return outcome[0]
+
+
+def key_share(table, pk):
+    """The lock a foreign-key check takes on the referenced row, without waiting."""
+    return in_other_connection(f"SELECT 1 FROM {table} WHERE id = %s FOR KEY SHARE NOWAIT", [pk])
+
+
+def share(table, pk):
+    return in_other_connection(f"SELECT 1 FROM {table} WHERE id = %s FOR SHARE NOWAIT", [pk])
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_locks_leave_rows_referable():
+    """Locked accounts, holds and reversed entries can still be referenced by new
+    rows (payments, postings) from other transactions: ``FOR NO KEY UPDATE``,
+    not ``FOR UPDATE``, which made opposite payments deadlock in COMMIT."""
+    a, b = AccountFactory(funded=100), AccountFactory()
+    hold = ledger.hold_place(account_id=a.pk, amount=10)
+    entry = ledger.transfer_post(from_account_id=a.pk, to_account_id=b.pk, amount=5)
+    with transaction.atomic():
+        LedgerBatch(account_ids=[a.pk], hold_ids=[hold.pk])
+        assert share("ledger_account", a.pk) == "LockNotAvailable"  # locked...
+        assert key_share("ledger_account", a.pk) is None  # ...but referable
+        assert share("ledger_hold", hold.pk) == "LockNotAvailable"
+        assert key_share("ledger_hold", hold.pk) is None
+    with transaction.atomic():
+        ledger.entry_reverse(entry_id=entry.pk)
+        assert share("ledger_journalentry", entry.pk) == "LockNotAvailable"
+        assert key_share("ledger_journalentry", entry.pk) is None
+    assert (fresh(a).balance, fresh(b).balance) == (100, 0)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_reference_committed_by_a_concurrent_transaction_is_a_duplicate():
+    """The second insert waits on the unique index, then fails: reported as
+    ``DuplicateReference``, not as a database error."""
+    a, b = AccountFactory(funded=100), AccountFactory()
+    c, d = AccountFactory(funded=100), AccountFactory()
+    outcome = []
+
+    def racer():
+        try:
+            ledger.transfer_post(
+                from_account_id=c.pk, to_account_id=d.pk, amount=7, reference="pay:race"
+            )
+            outcome.append(None)
+        except Exception as exc:  # reported to the test thread
+            outcome.append(exc)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=racer)
+    with transaction.atomic():
+        ledger.transfer_post(
+            from_account_id=a.pk, to_account_id=b.pk, amount=5, reference="pay:race"
+        )
+        thread.start()
+        deadline = time.monotonic() + 60
+        while True:  # until the racer waits for this transaction
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_stat_clear_snapshot()")
+                cursor.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND pid <> pg_backend_pid() AND wait_event_type = 'Lock'"
+                    " AND query LIKE 'INSERT INTO \"ledger_journalentry\"%%'"
+                )
+                if cursor.fetchone()[0]:
+                    break
+            assert time.monotonic() < deadline, "the racer never waited on the reference"
+            time.sleep(0.05)
+    thread.join(60)
+    assert not thread.is_alive()
+    [exc] = outcome
+    assert type(exc) is DuplicateReference
+    assert exc.message == "An entry with reference 'pay:race' is already posted."
+    assert exc.details == {"reference": "pay:race"}
+    assert isinstance(exc.__cause__, IntegrityError)
+    assert (fresh(c).balance, fresh(d).balance, fresh(a).balance) == (100, 0, 95)
+
+
+def test_other_integrity_errors_are_not_reported_as_duplicates():
+    a, b = AccountFactory(funded=100), AccountFactory()
+    with pytest.raises(IntegrityError):
+        ledger.transfer_post(
+            from_account_id=a.pk, to_account_id=b.pk, amount=5, reference="pay:1", kind="bogus"
+        )
