@@ -319,6 +319,7 @@ def statement(sql):
     return (sql.split()[0], function.group(1) if function else sql.split('"')[1])
 
 
+@pytest.mark.postgres  # the statements of the PostgreSQL bulk path
 def test_statements_do_not_grow_with_the_chunk(alice, monkeypatch):
     """A chunk costs the same statements whatever its size: one per kind of row
     (bulk writes, one lookup of taken references), not one per payment."""
