@@ -113,18 +113,23 @@ def _run(due, now, worker, result, attempts, events) -> None:
         try:
             if payment.hold_id is None:
                 raise LedgerError("Payment has no hold.")
-            entry = batch.transfer(
-                from_account_id=payment.from_account_id,
-                to_account_id=payment.to_account_id,
-                amount=payment.amount,
-                reference=payment.reference,
-                description=payment.description or f"Payment {pid}",
-                hold_id=payment.hold_id,
-            )
-        except DuplicateReference:
-            # Posted before (cannot happen while fences hold; the UNIQUE
-            # reference is the last line). The money moved once: record that.
-            entry = JournalEntry.objects.get(reference=payment.reference)
+            try:
+                entry = batch.transfer(
+                    from_account_id=payment.from_account_id,
+                    to_account_id=payment.to_account_id,
+                    amount=payment.amount,
+                    reference=payment.reference,
+                    description=payment.description or f"Payment {pid}",
+                    hold_id=payment.hold_id,
+                )
+            except DuplicateReference:
+                # Posted before (cannot happen while fences hold; the UNIQUE
+                # reference is the last line). The money moved once: record
+                # that, the payment COMPLETED with that entry. (Once a sibling
+                # of the ``LedgerError`` branch, it skipped the completion and
+                # left the payment QUEUED without a lease, out of the reaper's
+                # reach.)
+                entry = JournalEntry.objects.get(reference=payment.reference)
         except LedgerError as exc:
             transitions.release_hold(payment, batch)
             events.append(
