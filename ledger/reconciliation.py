@@ -135,6 +135,7 @@ def _check_entries(result: CheckResult, progress: Progress) -> None:
             JournalEntry.objects.filter(pk__gte=lo, pk__lt=hi)
             .annotate(total=Coalesce(Sum("postings__amount"), Value(0)), n=Count("postings"))
             .values_list("pk", "total", "n")
+            .order_by("pk")  # mismatches reported in id order, whatever plan the GROUP BY takes
         )
         done = 0
         for entry_id, total, n in rows:
@@ -189,6 +190,7 @@ def _check_accounts(result: CheckResult, progress: Progress) -> None:
             .values_list(
                 "pk", "balance", "held", "allow_negative", "posted", "last_after", "active_held"
             )
+            .order_by("pk")
         )
         done = 0
         for aid, balance, held, allow_negative, posted_sum, last, held_sum in rows:

@@ -107,12 +107,13 @@ def test_reconcile_names_a_completed_payment_whose_entry_is_not_its_own(alice, m
 
 
 def test_reconcile_payment_check_reports_progress_in_chunks_of_5000(alice):
-    """Exactly 5,000 COMPLETED payments: one chunk advanced inside the loop, none after."""
+    """5,001 COMPLETED payments: one chunk of 5,000 advanced inside the loop, once
+    5,000 rows are checked (not before), and the one left over after it."""
     from tests.ledger.test_reconcile import Recorder
 
     now = timezone.now()
     with transaction.atomic():  # entries without postings: rolled back before any COMMIT
-        pids = [uuid.uuid4() for _ in range(5_000)]
+        pids = [uuid.uuid4() for _ in range(5_001)]
         entries = JournalEntry.objects.bulk_create(
             JournalEntry(kind="transfer", reference=f"payment:{pid}") for pid in pids
         )
@@ -135,7 +136,7 @@ def test_reconcile_payment_check_reports_progress_in_chunks_of_5000(alice):
         recorder = Recorder()
         found = _payment_check(recorder)
         transaction.set_rollback(True)
-    assert (found["ok"], found["rows_checked"]) == (True, 5_000)
-    start = recorder.calls.index(("start", "payments_exactly_once", 5_000))
+    assert (found["ok"], found["rows_checked"]) == (True, 5_001)
+    start = recorder.calls.index(("start", "payments_exactly_once", 5_001))
     end = recorder.calls.index(("finish",), start)
-    assert recorder.calls[start + 1 : end] == [("advance", 5_000), ("advance", 0)]
+    assert recorder.calls[start + 1 : end] == [("advance", 5_000), ("advance", 1)]
