@@ -9,6 +9,7 @@ from payments import webhook_transport
 from payments.models import ApiTokenVia
 from payments.tokens import api_token_issue
 from tests.factories import AccountFactory, UserFactory
+from tests.payments.timer import frozen_clock, portable_clock, timer_path  # noqa: F401 - fixtures
 from tests.payments.webhook_receivers import Receiver
 
 

@@ -1,0 +1,296 @@
+"""The lease reaper (DESIGN §4.1): an expired lease returns the payment to PENDING
+under a new fence with a back-off; after ``PAYMENT_MAX_ATTEMPTS`` claims it is a
+dead letter (FAILED ``max_attempts_exceeded``, hold released, client told).
+
+Most tests run on both code paths of ``payments.scheduling`` (see
+tests/payments/timer.py); on the ORM path the database clock is frozen.
+"""
+
+import logging
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connection, transaction
+
+from ledger import services as ledger
+from ledger.models import Account, Hold
+from payments import scheduling, tasks
+from payments.clock import db_now
+from payments.models import Payment, PaymentEvent, WebhookEvent
+from tests.factories import AccountFactory
+from tests.payments.timer import queued_payment
+
+pytestmark = pytest.mark.django_db
+
+SECOND = timedelta(seconds=1)
+
+
+@pytest.mark.parametrize(
+    ("attempts", "delay"), [(0, 1), (1, 1), (2, 2), (3, 4), (6, 32), (7, 60), (40, 60)]
+)
+def test_retry_delay_doubles_per_attempt_up_to_a_minute(attempts, delay):
+    assert scheduling.retry_delay_seconds(attempts) == delay
+
+
+@pytest.mark.parametrize(
+    ("attempts", "due_in", "backoff"),
+    [
+        (3, -100, 4),  # long overdue: back off 2^(3-1) s from now
+        (7, -100, 60),  # capped at a minute
+        (1, 30, 1),  # claimed ahead and lost: not before its due time
+    ],
+)
+def test_an_expired_lease_returns_the_payment_to_pending_under_a_new_fence(
+    alice, settings, frozen_clock, attempts, due_in, backoff
+):
+    settings.PAYMENT_MAX_ATTEMPTS = 8
+    now = frozen_clock or db_now()
+    payment = queued_payment(
+        alice.account,
+        alice.other_account,
+        lease_expires_at=now - SECOND,
+        due_at=now + timedelta(seconds=due_in),
+        attempts=attempts,
+        fence=7,
+    )
+    before = frozen_clock or db_now()
+    result = scheduling.reap_leases()
+    after = frozen_clock or db_now()
+    assert result == scheduling.ReapResult(requeued=1, dead_lettered=0)
+    payment.refresh_from_db()
+    assert (payment.status, payment.fence, payment.lease_expires_at, payment.attempts) == (
+        "PENDING",
+        8,
+        None,
+        attempts,
+    )
+    due_at, wait = payment.due_at, timedelta(seconds=backoff)
+    assert max(due_at, before + wait) <= payment.run_at <= max(due_at, after + wait)
+    assert before <= payment.updated_at <= after
+    event = payment.events.get()
+    assert (event.type, event.from_status, event.to_status, event.actor) == (
+        "lease_expired",
+        "QUEUED",
+        "PENDING",
+        "system",
+    )
+    assert (event.fence, event.data) == (8, {"attempts": attempts})
+    assert payment.hold.status == "active"
+
+
+@pytest.mark.parametrize(
+    ("expired_by", "attempts", "status"),
+    [
+        (timedelta(0), 1, "QUEUED"),  # the lease ends now: not yet expired
+        (timedelta(microseconds=1), 1, "PENDING"),
+        (timedelta(microseconds=1), 4, "PENDING"),  # one attempt left
+        (timedelta(microseconds=1), 5, "FAILED"),  # the last attempt's lease ran out
+        (timedelta(0), 5, "QUEUED"),
+    ],
+)
+def test_reaper_boundaries_lease_end_and_max_attempts(
+    alice, settings, portable_clock, expired_by, attempts, status
+):
+    settings.PAYMENT_MAX_ATTEMPTS = 5
+    payment = queued_payment(
+        alice.account,
+        alice.other_account,
+        lease_expires_at=portable_clock - expired_by,
+        attempts=attempts,
+    )
+    result = scheduling.reap_leases()
+    assert (result.requeued, result.dead_lettered) == (status == "PENDING", status == "FAILED")
+    assert Payment.objects.get(pk=payment.pk).status == status
+
+
+def test_a_live_lease_is_left_alone(alice, settings, timer_path):
+    settings.PAYMENT_MAX_ATTEMPTS = 1
+    for _ in range(2):
+        queued_payment(alice.account, alice.other_account, lease_expires_at=db_now() + 30 * SECOND)
+    assert scheduling.reap_leases() == scheduling.ReapResult()
+    assert set(Payment.objects.values_list("status", flat=True)) == {"QUEUED"}
+    assert not PaymentEvent.objects.exists()
+
+
+def test_one_reap_handles_at_most_limit_of_each(alice, settings, timer_path):
+    settings.PAYMENT_MAX_ATTEMPTS = 3
+    expired = db_now() - SECOND
+    for attempts in (1, 2, 3, 3):
+        queued_payment(
+            alice.account, alice.other_account, lease_expires_at=expired, attempts=attempts
+        )
+    assert scheduling.reap_leases(limit=1) == scheduling.ReapResult(requeued=1, dead_lettered=1)
+    assert scheduling.reap_leases(limit=1) == scheduling.ReapResult(requeued=1, dead_lettered=1)
+    assert scheduling.reap_leases() == scheduling.ReapResult()
+    statuses = sorted(Payment.objects.values_list("status", flat=True))
+    assert statuses == ["FAILED", "FAILED", "PENDING", "PENDING"]
+
+
+def test_a_dead_letter_fails_the_payment_releases_its_hold_and_tells_the_client(
+    alice, settings, frozen_clock, fake_dns
+):
+    settings.PAYMENT_MAX_ATTEMPTS = 3
+    fake_dns["example.test"] = ["93.184.215.14"]
+    response = alice.api.post(
+        "/api/v1/webhook-endpoints",
+        {"url": "https://example.test/hooks", "event_types": ["payment.failed"]},
+        format="json",
+    )
+    assert response.status_code == 201
+    now = frozen_clock or db_now()
+    payment = queued_payment(
+        alice.account,
+        alice.other_account,
+        lease_expires_at=now - SECOND,
+        attempts=3,
+        fence=5,
+        amount=700,
+    )
+    assert Account.objects.get(pk=alice.account.pk).held == 700
+    before = frozen_clock or db_now()
+    result = scheduling.reap_leases()
+    after = frozen_clock or db_now()
+    assert result == scheduling.ReapResult(requeued=0, dead_lettered=1)
+    payment.refresh_from_db()
+    assert (payment.status, payment.error_code, payment.error_message) == (
+        "FAILED",
+        "max_attempts_exceeded",
+        "Not executed after 3 attempts.",
+    )
+    assert (payment.fence, payment.lease_expires_at, payment.attempts) == (6, None, 3)
+    assert before <= payment.updated_at <= after
+    assert payment.hold.status == "released"
+    source = Account.objects.get(pk=alice.account.pk)
+    assert (source.balance, source.held) == (10_000, 0)
+    event = payment.events.get()
+    assert (event.type, event.from_status, event.to_status, event.actor) == (
+        "dead_lettered",
+        "QUEUED",
+        "FAILED",
+        "system",
+    )
+    assert (event.fence, event.data) == (6, {"attempts": 3})
+    (told,) = WebhookEvent.objects.all()
+    assert (told.client_id, told.event_type) == (alice.user.pk, "payment.failed")
+    assert told.data["payment_id"] == str(payment.pk)
+    assert (told.data["status"], told.data["error_code"]) == ("FAILED", "max_attempts_exceeded")
+    assert scheduling.reap_leases() == scheduling.ReapResult()  # once
+
+
+@pytest.mark.parametrize("hold", ["released", "none"])
+def test_a_dead_letter_without_an_active_hold_releases_nothing(alice, settings, timer_path, hold):
+    settings.PAYMENT_MAX_ATTEMPTS = 1
+    payment = queued_payment(
+        alice.account,
+        alice.other_account,
+        lease_expires_at=db_now() - SECOND,
+        hold=hold != "none",
+    )
+    if hold == "released":  # by staff, say, while the payment was queued
+        ledger.hold_release(hold_id=payment.hold_id)
+    assert scheduling.reap_leases().dead_lettered == 1
+    payment.refresh_from_db()
+    assert (payment.status, payment.error_code) == ("FAILED", "max_attempts_exceeded")
+    source = Account.objects.get(pk=alice.account.pk)
+    assert (source.balance, source.held) == (10_000, 0)
+    if hold == "released":
+        assert Hold.objects.get(pk=payment.hold_id).status == "released"
+
+
+def test_a_dead_letter_from_an_ownerless_account_tells_no_client(settings, timer_path):
+    settings.PAYMENT_MAX_ATTEMPTS = 1
+    source = AccountFactory(owner=None, funded=1_000)
+    payment = queued_payment(source, AccountFactory(), lease_expires_at=db_now() - SECOND)
+    assert scheduling.reap_leases().dead_lettered == 1
+    assert Payment.objects.get(pk=payment.pk).status == "FAILED"
+    assert not WebhookEvent.objects.exists()
+
+
+def test_the_reaper_logs_what_it_did_and_nothing_when_idle(alice, settings, caplog, timer_path):
+    settings.PAYMENT_MAX_ATTEMPTS = 2
+    with caplog.at_level(logging.DEBUG, logger="payments.scheduling"):
+        assert scheduling.reap_leases() == scheduling.ReapResult()
+    assert [r for r in caplog.records if r.name == "payments.scheduling"] == []
+    expired = db_now() - SECOND
+    for attempts in (1, 1, 2):
+        queued_payment(
+            alice.account, alice.other_account, lease_expires_at=expired, attempts=attempts
+        )
+    with caplog.at_level(logging.DEBUG, logger="payments.scheduling"):
+        assert tasks.reap_leases() == {"requeued": 2, "dead_lettered": 1}
+    (record,) = [r for r in caplog.records if r.name == "payments.scheduling"]
+    assert record.levelno == logging.WARNING
+    assert record.getMessage() == "reaper requeued 2 and dead-lettered 1 payments"
+    assert (record.requeued, record.dead_lettered) == (2, 1)
+
+
+def _in_another_transaction(work, *, release_after=5.0):
+    """Run ``work`` in a transaction of another connection and keep it open until
+    the caller is done (or ``release_after`` seconds: a blocked caller gets on)."""
+    started, finished = threading.Event(), threading.Event()
+    errors = []
+
+    def run():
+        try:
+            with transaction.atomic():
+                work()
+                started.set()
+                finished.wait(timeout=release_after)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+            started.set()
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert started.wait(timeout=30)
+
+    def done():
+        finished.set()
+        thread.join()
+        assert errors == []
+
+    return done
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_dead_letter_locked_elsewhere_is_skipped_not_waited_for(settings):
+    """The reaper never waits for a row another transaction holds (an executor,
+    a cancel): it leaves it for the next run."""
+    settings.PAYMENT_MAX_ATTEMPTS = 1
+    source = AccountFactory(funded=1_000)
+    payment = queued_payment(source, AccountFactory(), lease_expires_at=db_now() - SECOND)
+    done = _in_another_transaction(
+        lambda: Payment.objects.select_for_update().filter(pk=payment.pk).first()
+    )
+    try:
+        result = scheduling.reap_leases()
+    finally:
+        done()
+    assert result.dead_lettered == 0
+    assert Payment.objects.get(pk=payment.pk).status == "QUEUED"
+    assert scheduling.reap_leases().dead_lettered == 1
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_dead_letter_does_not_wait_for_rows_that_only_reference_the_payment(settings):
+    """Writing a row that references the payment (its history) takes only a key
+    share lock on it; dead-lettering does not change the key, so it goes ahead."""
+    settings.PAYMENT_MAX_ATTEMPTS = 1
+    source = AccountFactory(funded=1_000)
+    payment = queued_payment(source, AccountFactory(), lease_expires_at=db_now() - SECOND)
+    done = _in_another_transaction(
+        lambda: PaymentEvent.objects.create(
+            payment_id=payment.pk, type="description_changed", actor="system", data={}
+        )
+    )
+    try:
+        result = scheduling.reap_leases()
+    finally:
+        done()
+    assert result.dead_lettered == 1
+    assert Payment.objects.get(pk=payment.pk).status == "FAILED"
