@@ -7,11 +7,11 @@ tests/payments/timer.py); on the ORM path the database clock is frozen.
 """
 
 import logging
-import threading
+import uuid
 from datetime import timedelta
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection
 
 from ledger import services as ledger
 from ledger.models import Account, Hold
@@ -19,7 +19,7 @@ from payments import scheduling, tasks
 from payments.clock import db_now
 from payments.models import Payment, PaymentEvent, WebhookEvent
 from tests.factories import AccountFactory
-from tests.payments.timer import queued_payment
+from tests.payments.timer import in_another_transaction, queued_payment
 
 pytestmark = pytest.mark.django_db
 
@@ -116,15 +116,15 @@ def test_a_live_lease_is_left_alone(alice, settings, timer_path):
 def test_one_reap_handles_at_most_limit_of_each(alice, settings, timer_path):
     settings.PAYMENT_MAX_ATTEMPTS = 3
     expired = db_now() - SECOND
-    for attempts in (1, 2, 3, 3):
+    for attempts in (1, 2, 3, 3, 3, 3):
         queued_payment(
             alice.account, alice.other_account, lease_expires_at=expired, attempts=attempts
         )
     assert scheduling.reap_leases(limit=1) == scheduling.ReapResult(requeued=1, dead_lettered=1)
-    assert scheduling.reap_leases(limit=1) == scheduling.ReapResult(requeued=1, dead_lettered=1)
+    assert scheduling.reap_leases() == scheduling.ReapResult(requeued=1, dead_lettered=3)
     assert scheduling.reap_leases() == scheduling.ReapResult()
     statuses = sorted(Payment.objects.values_list("status", flat=True))
-    assert statuses == ["FAILED", "FAILED", "PENDING", "PENDING"]
+    assert statuses == ["FAILED"] * 4 + ["PENDING"] * 2
 
 
 def test_a_dead_letter_fails_the_payment_releases_its_hold_and_tells_the_client(
@@ -223,36 +223,12 @@ def test_the_reaper_logs_what_it_did_and_nothing_when_idle(alice, settings, capl
     assert record.levelno == logging.WARNING
     assert record.getMessage() == "reaper requeued 2 and dead-lettered 1 payments"
     assert (record.requeued, record.dead_lettered) == (2, 1)
-
-
-def _in_another_transaction(work, *, release_after=5.0):
-    """Run ``work`` in a transaction of another connection and keep it open until
-    the caller is done (or ``release_after`` seconds: a blocked caller gets on)."""
-    started, finished = threading.Event(), threading.Event()
-    errors = []
-
-    def run():
-        try:
-            with transaction.atomic():
-                work()
-                started.set()
-                finished.wait(timeout=release_after)
-        except Exception as exc:  # pragma: no cover - reported below
-            errors.append(exc)
-            started.set()
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    assert started.wait(timeout=30)
-
-    def done():
-        finished.set()
-        thread.join()
-        assert errors == []
-
-    return done
+    caplog.clear()
+    queued_payment(alice.account, alice.other_account, lease_expires_at=expired, attempts=1)
+    with caplog.at_level(logging.DEBUG, logger="payments.scheduling"):
+        assert scheduling.reap_leases() == scheduling.ReapResult(requeued=1)
+    (record,) = [r for r in caplog.records if r.name == "payments.scheduling"]
+    assert record.getMessage() == "reaper requeued 1 and dead-lettered 0 payments"
 
 
 @pytest.mark.postgres
@@ -263,7 +239,7 @@ def test_a_dead_letter_locked_elsewhere_is_skipped_not_waited_for(settings):
     settings.PAYMENT_MAX_ATTEMPTS = 1
     source = AccountFactory(funded=1_000)
     payment = queued_payment(source, AccountFactory(), lease_expires_at=db_now() - SECOND)
-    done = _in_another_transaction(
+    done = in_another_transaction(
         lambda: Payment.objects.select_for_update().filter(pk=payment.pk).first()
     )
     try:
@@ -278,19 +254,114 @@ def test_a_dead_letter_locked_elsewhere_is_skipped_not_waited_for(settings):
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_a_dead_letter_does_not_wait_for_rows_that_only_reference_the_payment(settings):
-    """Writing a row that references the payment (its history) takes only a key
-    share lock on it; dead-lettering does not change the key, so it goes ahead."""
+    """Writing a row that references the payment (its history) takes a key share
+    lock on it when the foreign key is checked; dead-lettering does not change
+    the key, so it goes ahead."""
     settings.PAYMENT_MAX_ATTEMPTS = 1
     source = AccountFactory(funded=1_000)
     payment = queued_payment(source, AccountFactory(), lease_expires_at=db_now() - SECOND)
-    done = _in_another_transaction(
-        lambda: PaymentEvent.objects.create(
+
+    def write_history():
+        with connection.cursor() as cursor:  # check the foreign key now, as at commit
+            cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        PaymentEvent.objects.create(
             payment_id=payment.pk, type="description_changed", actor="system", data={}
         )
-    )
+
+    done = in_another_transaction(write_history)
     try:
         result = scheduling.reap_leases()
     finally:
         done()
     assert result.dead_lettered == 1
     assert Payment.objects.get(pk=payment.pk).status == "FAILED"
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_two_reapers_never_requeue_the_same_payment(settings):
+    """Reapers on several nodes: the one that reaches an expired lease second
+    skips it (it is being requeued) instead of requeueing it again."""
+    source = AccountFactory(funded=1_000)
+    payment = queued_payment(source, AccountFactory(), lease_expires_at=db_now() - SECOND)
+    first = []
+    done = in_another_transaction(lambda: first.append(scheduling.reap_leases()))
+    try:
+        second = scheduling.reap_leases()
+    finally:
+        done()
+    assert (first, second) == ([scheduling.ReapResult(requeued=1)], scheduling.ReapResult())
+    payment.refresh_from_db()
+    assert (payment.status, payment.fence) == ("PENDING", 2)
+    assert list(payment.events.values_list("type", "fence")) == [("lease_expired", 2)]
+
+
+def _between_listing_and_dead_lettering(monkeypatch, change):
+    """Run ``change(payment_id)`` after the reaper has listed a dead letter and
+    before it locks it: what a concurrent transaction could do in between."""
+    real = scheduling._dead_letter
+
+    def dead_letter(payment_id):
+        change(payment_id)
+        return real(payment_id)
+
+    monkeypatch.setattr(scheduling, "_dead_letter", dead_letter)
+
+
+def test_a_payment_cancelled_before_it_is_dead_lettered_stays_cancelled(
+    alice, settings, monkeypatch, timer_path
+):
+    from payments.services import payment_cancel
+
+    settings.PAYMENT_MAX_ATTEMPTS = 1
+    payment = queued_payment(alice.account, alice.other_account, lease_expires_at=db_now() - SECOND)
+    _between_listing_and_dead_lettering(
+        monkeypatch, lambda pid: payment_cancel(payment_id=pid, client=alice.user)
+    )
+    assert scheduling.reap_leases() == scheduling.ReapResult()
+    payment.refresh_from_db()
+    assert (payment.status, payment.error_code) == ("CANCELLED", "")
+    assert not payment.events.filter(type="dead_lettered").exists()
+
+
+def test_a_lease_renewed_before_it_is_dead_lettered_is_left_alone(
+    alice, settings, monkeypatch, portable_clock
+):
+    """Re-checked under the lock: a lease that now ends at the current instant is
+    not expired (the same boundary as the listing's)."""
+    settings.PAYMENT_MAX_ATTEMPTS = 1
+    payment = queued_payment(
+        alice.account, alice.other_account, lease_expires_at=portable_clock - SECOND
+    )
+    _between_listing_and_dead_lettering(
+        monkeypatch,
+        lambda pid: Payment.objects.filter(pk=pid).update(lease_expires_at=portable_clock),
+    )
+    assert scheduling.reap_leases() == scheduling.ReapResult()
+    payment.refresh_from_db()
+    assert (payment.status, payment.lease_expires_at) == ("QUEUED", portable_clock)
+    assert payment.hold.status == "active"
+
+
+def test_a_last_attempt_still_running_does_not_hold_back_a_dead_letter(alice, settings, timer_path):
+    """Only expired leases are listed: one reap of limit 1 dead-letters the
+    expired payment even when a live one on its last attempt sorts first."""
+    settings.PAYMENT_MAX_ATTEMPTS = 2
+    now = db_now()
+    running = queued_payment(
+        alice.account,
+        alice.other_account,
+        lease_expires_at=now + 30 * SECOND,
+        attempts=2,
+        id=uuid.UUID(int=1),
+    )
+    expired = queued_payment(
+        alice.account,
+        alice.other_account,
+        lease_expires_at=now - SECOND,
+        attempts=2,
+        id=uuid.UUID(int=2**128 - 1),
+    )
+    assert scheduling.reap_leases(limit=1) == scheduling.ReapResult(dead_lettered=1)
+    assert Payment.objects.get(pk=expired.pk).status == "FAILED"
+    assert Payment.objects.get(pk=running.pk).status == "QUEUED"

@@ -17,8 +17,9 @@ from payments import execution, scheduling, tasks
 from payments.clock import db_now
 from payments.models import Payment
 from payments.services import partition_for
+from tests.factories import AccountFactory
 from tests.payments.engine import bulk_schedule, capture_publish, make_due, sweep
-from tests.payments.timer import queued_payment
+from tests.payments.timer import in_another_transaction, queued_payment
 
 pytestmark = pytest.mark.django_db
 
@@ -145,6 +146,7 @@ def test_one_sweep_makes_at_most_50_batches(alice, monkeypatch, settings):
     ("max_queued", "batch", "queued", "sizes", "backpressure"),
     [
         (3, 5, 0, [3], True),  # a cap below the batch: claim up to the cap, then stop
+        (1, 5, 0, [1], True),
         (5, 2, 3, [2], True),  # room for exactly one whole batch
         (5, 3, 3, [], True),  # room for 2 of a batch of 3 while a backlog is queued: wait
         (10, 2, 0, [2, 2], False),
@@ -229,12 +231,10 @@ def test_executor_state_judges_the_oldest_claim_past_the_tolerated_ones(
     settings.PAYMENT_LEASE_SECONDS = 60
     settings.PAYMENT_LOST_CLAIMS_TOLERATED = 1
     now = portable_clock
-    # created newest first, so only the lease order finds the right one
-    _claimed_ago(alice, now, 1, run_at=now - timedelta(seconds=1))
-    _claimed_ago(
-        alice, now, 60 - remaining, run_at=now + timedelta(seconds=run_at)
-    )  # the one judged
+    # created out of lease order, so only the lease order finds the right one
+    _claimed_ago(alice, now, 60 - remaining, run_at=now + timedelta(seconds=run_at))  # judged
     _claimed_ago(alice, now, 59, run_at=now - timedelta(seconds=200))  # a lost message
+    _claimed_ago(alice, now, 1, run_at=now - timedelta(seconds=1))
     state = scheduling.executor_state()
     assert state == scheduling.ExecutorState(behind=behind, lag=pytest.approx(lag, abs=1e-9))
     settings.PAYMENT_LOST_CLAIMS_TOLERATED = 3
@@ -377,3 +377,30 @@ def test_an_idle_sweep_logs_nothing(db, monkeypatch, caplog, timer_path):
         result, published = sweep(monkeypatch)
     assert (result.claimed, result.messages, result.batches, published) == (0, 0, 0, [])
     assert [r for r in caplog.records if r.name == "payments.scheduling"] == []
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_two_sweepers_never_claim_or_publish_the_same_payment(monkeypatch):
+    """Sweepers on several nodes: rows another sweeper is claiming are skipped,
+    not claimed again once it commits (no second fence, event or message)."""
+    source = AccountFactory(funded=1_000)
+    ids = bulk_schedule(
+        sources=[source.pk],
+        targets=[AccountFactory().pk],
+        count=3,
+        amount=1,
+        due_at=db_now() - timedelta(seconds=1),
+    )
+    published = capture_publish(monkeypatch)
+    first = []
+    done = in_another_transaction(lambda: first.append(scheduling.sweep_due()))
+    try:
+        second = scheduling.sweep_due()
+    finally:
+        done()
+    assert (first[0].claimed, second.claimed, second.messages) == (3, 0, 0)
+    assert sorted(published.items()) == sorted((pid, 1) for pid in ids)
+    for payment in Payment.objects.filter(pk__in=ids):
+        assert (payment.status, payment.fence, payment.attempts) == ("QUEUED", 1, 1)
+        assert list(payment.events.values_list("type", flat=True)) == ["queued"]

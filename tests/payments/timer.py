@@ -8,10 +8,11 @@ default, ``scripts/dev``). The ``timer_path`` fixture runs a test on both: on
 takes the ORM path (on the SQLite run of the suite that is the only path).
 """
 
+import threading
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from ledger import services as ledger
@@ -63,6 +64,7 @@ def queued_payment(
     amount=100,
     hold=True,
     status=PaymentStatus.QUEUED,
+    **fields,
 ):
     """A payment as the sweeper leaves it (QUEUED, leased, its hold active)."""
     due_at = due_at or timezone.now() - timedelta(seconds=1)
@@ -79,6 +81,7 @@ def queued_payment(
         attempts=attempts,
         lease_expires_at=lease_expires_at,
         hold=ledger.hold_place(account_id=account.pk, amount=amount) if hold else None,
+        **fields,
     )
 
 
@@ -89,3 +92,33 @@ def portable_clock(monkeypatch):
     now = timezone.now().replace(microsecond=0)
     monkeypatch.setattr(scheduling, "db_now", lambda: now)
     return now
+
+
+def in_another_transaction(work, *, release_after=5.0):
+    """Run ``work`` in a transaction of another connection and keep it open until
+    the caller is done (or ``release_after`` seconds: a blocked caller gets on)."""
+    started, finished = threading.Event(), threading.Event()
+    errors = []
+
+    def run():
+        try:
+            with transaction.atomic():
+                work()
+                started.set()
+                finished.wait(timeout=release_after)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+            started.set()
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert started.wait(timeout=30)
+
+    def done():
+        finished.set()
+        thread.join()
+        assert errors == []
+
+    return done
