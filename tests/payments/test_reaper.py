@@ -365,3 +365,28 @@ def test_a_last_attempt_still_running_does_not_hold_back_a_dead_letter(alice, se
     assert scheduling.reap_leases(limit=1) == scheduling.ReapResult(dead_lettered=1)
     assert Payment.objects.get(pk=expired.pk).status == "FAILED"
     assert Payment.objects.get(pk=running.pk).status == "QUEUED"
+
+
+@pytest.mark.postgres
+def test_one_reap_requeues_at_most_10_000_payments(alice):
+    """A reap is one bounded transaction: a flood of expired leases (a Redis
+    flush) is requeued 10,000 at a time."""
+    expired = db_now() - SECOND
+    Payment.objects.bulk_create(
+        Payment(
+            from_account=alice.account,
+            to_account=alice.other_account,
+            owner=alice.user,
+            amount=1,
+            due_at=expired,
+            run_at=expired,
+            partition=0,
+            status="QUEUED",
+            fence=1,
+            attempts=1,
+            lease_expires_at=expired,
+        )
+        for _ in range(10_001)
+    )
+    assert scheduling.reap_leases() == scheduling.ReapResult(requeued=10_000)
+    assert Payment.objects.filter(status="QUEUED").count() == 1
