@@ -1,0 +1,399 @@
+"""The lease reaper (DESIGN §4.1): an expired lease returns the payment to PENDING
+under a new fence with a back-off; after ``PAYMENT_MAX_ATTEMPTS`` claims it is a
+dead letter (FAILED ``max_attempts_exceeded``, hold released, client told).
+
+Most tests run on both code paths of the timer (see
+tests/payments/engine/timer.py); on the ORM path the database clock is frozen.
+"""
+
+import logging
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+
+from ledger import services as ledger
+from ledger.models import Account, Hold
+from payments import tasks, transitions
+from payments.clock import db_now
+from payments.engine import reaper
+from payments.models import Payment, PaymentEvent, WebhookEvent
+from tests.factories import AccountFactory
+from tests.payments.engine.timer import in_another_transaction, queued_payment
+
+pytestmark = pytest.mark.django_db
+
+SECOND = timedelta(seconds=1)
+
+
+@pytest.mark.parametrize(
+    ("attempts", "delay"), [(0, 1), (1, 1), (2, 2), (3, 4), (6, 32), (7, 60), (40, 60)]
+)
+def test_retry_delay_doubles_per_attempt_up_to_a_minute(attempts, delay):
+    assert transitions.retry_delay_seconds(attempts) == delay
+
+
+@pytest.mark.parametrize(
+    ("attempts", "due_in", "backoff"),
+    [
+        (3, -100, 4),  # long overdue: back off 2^(3-1) s from now
+        (7, -100, 60),  # capped at a minute
+        (1, 30, 1),  # claimed ahead and lost: not before its due time
+    ],
+)
+def test_an_expired_lease_returns_the_payment_to_pending_under_a_new_fence(
+    alice, settings, frozen_clock, attempts, due_in, backoff
+):
+    settings.PAYMENT_MAX_ATTEMPTS = 8
+    now = frozen_clock or db_now()
+    payment = queued_payment(
+        alice.account,
+        alice.other_account,
+        lease_expires_at=now - SECOND,
+        due_at=now + timedelta(seconds=due_in),
+        attempts=attempts,
+        fence=7,
+    )
+    before = frozen_clock or db_now()
+    result = reaper.reap_leases()
+    after = frozen_clock or db_now()
+    assert result == reaper.ReapResult(requeued=1, dead_lettered=0)
+    payment.refresh_from_db()
+    assert (payment.status, payment.fence, payment.lease_expires_at, payment.attempts) == (
+        "PENDING",
+        8,
+        None,
+        attempts,
+    )
+    due_at, wait = payment.due_at, timedelta(seconds=backoff)
+    assert max(due_at, before + wait) <= payment.run_at <= max(due_at, after + wait)
+    assert before <= payment.updated_at <= after
+    event = payment.events.get()
+    assert (event.type, event.from_status, event.to_status, event.actor) == (
+        "lease_expired",
+        "QUEUED",
+        "PENDING",
+        "system",
+    )
+    assert (event.fence, event.data) == (8, {"attempts": attempts})
+    assert payment.hold.status == "active"
+
+
+@pytest.mark.parametrize(
+    ("expired_by", "attempts", "status"),
+    [
+        (timedelta(0), 1, "QUEUED"),  # the lease ends now: not yet expired
+        (timedelta(microseconds=1), 1, "PENDING"),
+        (timedelta(microseconds=1), 4, "PENDING"),  # one attempt left
+        (timedelta(microseconds=1), 5, "FAILED"),  # the last attempt's lease ran out
+        (timedelta(0), 5, "QUEUED"),
+    ],
+)
+def test_reaper_boundaries_lease_end_and_max_attempts(
+    alice, settings, portable_clock, expired_by, attempts, status
+):
+    settings.PAYMENT_MAX_ATTEMPTS = 5
+    payment = queued_payment(
+        alice.account,
+        alice.other_account,
+        lease_expires_at=portable_clock - expired_by,
+        attempts=attempts,
+    )
+    result = reaper.reap_leases()
+    assert (result.requeued, result.dead_lettered) == (status == "PENDING", status == "FAILED")
+    assert Payment.objects.get(pk=payment.pk).status == status
+
+
+def test_a_live_lease_is_left_alone(alice, settings, timer_path):
+    settings.PAYMENT_MAX_ATTEMPTS = 1
+    for _ in range(2):
+        queued_payment(alice.account, alice.other_account, lease_expires_at=db_now() + 30 * SECOND)
+    assert reaper.reap_leases() == reaper.ReapResult()
+    assert set(Payment.objects.values_list("status", flat=True)) == {"QUEUED"}
+    assert not PaymentEvent.objects.exists()
+
+
+def test_one_reap_handles_at_most_limit_of_each(alice, settings, timer_path):
+    settings.PAYMENT_MAX_ATTEMPTS = 3
+    expired = db_now() - SECOND
+    for attempts in (1, 2, 3, 3, 3, 3):
+        queued_payment(
+            alice.account, alice.other_account, lease_expires_at=expired, attempts=attempts
+        )
+    assert reaper.reap_leases(limit=1) == reaper.ReapResult(requeued=1, dead_lettered=1)
+    assert reaper.reap_leases() == reaper.ReapResult(requeued=1, dead_lettered=3)
+    assert reaper.reap_leases() == reaper.ReapResult()
+    statuses = sorted(Payment.objects.values_list("status", flat=True))
+    assert statuses == ["FAILED"] * 4 + ["PENDING"] * 2
+
+
+def test_a_dead_letter_fails_the_payment_releases_its_hold_and_tells_the_client(
+    alice, settings, frozen_clock, fake_dns
+):
+    settings.PAYMENT_MAX_ATTEMPTS = 3
+    fake_dns["example.test"] = ["93.184.215.14"]
+    response = alice.api.post(
+        "/api/v1/webhook-endpoints",
+        {"url": "https://example.test/hooks", "event_types": ["payment.failed"]},
+        format="json",
+    )
+    assert response.status_code == 201
+    now = frozen_clock or db_now()
+    payment = queued_payment(
+        alice.account,
+        alice.other_account,
+        lease_expires_at=now - SECOND,
+        attempts=3,
+        fence=5,
+        amount=700,
+    )
+    assert Account.objects.get(pk=alice.account.pk).held == 700
+    before = frozen_clock or db_now()
+    result = reaper.reap_leases()
+    after = frozen_clock or db_now()
+    assert result == reaper.ReapResult(requeued=0, dead_lettered=1)
+    payment.refresh_from_db()
+    assert (payment.status, payment.error_code, payment.error_message) == (
+        "FAILED",
+        "max_attempts_exceeded",
+        "Not executed after 3 attempts.",
+    )
+    assert (payment.fence, payment.lease_expires_at, payment.attempts) == (6, None, 3)
+    assert before <= payment.updated_at <= after
+    assert payment.hold.status == "released"
+    source = Account.objects.get(pk=alice.account.pk)
+    assert (source.balance, source.held) == (10_000, 0)
+    event = payment.events.get()
+    assert (event.type, event.from_status, event.to_status, event.actor) == (
+        "dead_lettered",
+        "QUEUED",
+        "FAILED",
+        "system",
+    )
+    assert (event.fence, event.data) == (6, {"attempts": 3})
+    (told,) = WebhookEvent.objects.all()
+    assert (told.client_id, told.event_type) == (alice.user.pk, "payment.failed")
+    assert told.data["payment_id"] == str(payment.pk)
+    assert (told.data["status"], told.data["error_code"]) == ("FAILED", "max_attempts_exceeded")
+    assert reaper.reap_leases() == reaper.ReapResult()  # once
+
+
+@pytest.mark.parametrize("hold", ["released", "none"])
+def test_a_dead_letter_without_an_active_hold_releases_nothing(alice, settings, timer_path, hold):
+    settings.PAYMENT_MAX_ATTEMPTS = 1
+    payment = queued_payment(
+        alice.account,
+        alice.other_account,
+        lease_expires_at=db_now() - SECOND,
+        hold=hold != "none",
+    )
+    if hold == "released":  # by staff, say, while the payment was queued
+        ledger.hold_release(hold_id=payment.hold_id)
+    assert reaper.reap_leases().dead_lettered == 1
+    payment.refresh_from_db()
+    assert (payment.status, payment.error_code) == ("FAILED", "max_attempts_exceeded")
+    source = Account.objects.get(pk=alice.account.pk)
+    assert (source.balance, source.held) == (10_000, 0)
+    if hold == "released":
+        assert Hold.objects.get(pk=payment.hold_id).status == "released"
+
+
+def test_a_dead_letter_from_an_ownerless_account_tells_no_client(settings, timer_path):
+    settings.PAYMENT_MAX_ATTEMPTS = 1
+    source = AccountFactory(owner=None, funded=1_000)
+    payment = queued_payment(source, AccountFactory(), lease_expires_at=db_now() - SECOND)
+    assert reaper.reap_leases().dead_lettered == 1
+    assert Payment.objects.get(pk=payment.pk).status == "FAILED"
+    assert not WebhookEvent.objects.exists()
+
+
+def test_the_reaper_logs_what_it_did_and_nothing_when_idle(alice, settings, caplog, timer_path):
+    settings.PAYMENT_MAX_ATTEMPTS = 2
+    with caplog.at_level(logging.DEBUG, logger="payments.engine.reaper"):
+        assert reaper.reap_leases() == reaper.ReapResult()
+    assert [r for r in caplog.records if r.name == "payments.engine.reaper"] == []
+    expired = db_now() - SECOND
+    for attempts in (1, 1, 2):
+        queued_payment(
+            alice.account, alice.other_account, lease_expires_at=expired, attempts=attempts
+        )
+    with caplog.at_level(logging.DEBUG, logger="payments.engine.reaper"):
+        assert tasks.reap_leases() == {"requeued": 2, "dead_lettered": 1}
+    (record,) = [r for r in caplog.records if r.name == "payments.engine.reaper"]
+    assert record.levelno == logging.WARNING
+    assert record.getMessage() == "reaper requeued 2 and dead-lettered 1 payments"
+    assert (record.requeued, record.dead_lettered) == (2, 1)
+    caplog.clear()
+    queued_payment(alice.account, alice.other_account, lease_expires_at=expired, attempts=1)
+    with caplog.at_level(logging.DEBUG, logger="payments.engine.reaper"):
+        assert reaper.reap_leases() == reaper.ReapResult(requeued=1)
+    (record,) = [r for r in caplog.records if r.name == "payments.engine.reaper"]
+    assert record.getMessage() == "reaper requeued 1 and dead-lettered 0 payments"
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_dead_letter_locked_elsewhere_is_skipped_not_waited_for(settings):
+    """The reaper never waits for a row another transaction holds (an executor,
+    a cancel): it leaves it for the next run."""
+    settings.PAYMENT_MAX_ATTEMPTS = 1
+    source = AccountFactory(funded=1_000)
+    payment = queued_payment(source, AccountFactory(), lease_expires_at=db_now() - SECOND)
+    done = in_another_transaction(
+        lambda: Payment.objects.select_for_update().filter(pk=payment.pk).first()
+    )
+    try:
+        result = reaper.reap_leases()
+    finally:
+        done()
+    assert result.dead_lettered == 0
+    assert Payment.objects.get(pk=payment.pk).status == "QUEUED"
+    assert reaper.reap_leases().dead_lettered == 1
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_dead_letter_does_not_wait_for_rows_that_only_reference_the_payment(settings):
+    """Writing a row that references the payment (its history) takes a key share
+    lock on it when the foreign key is checked; dead-lettering does not change
+    the key, so it goes ahead."""
+    settings.PAYMENT_MAX_ATTEMPTS = 1
+    source = AccountFactory(funded=1_000)
+    payment = queued_payment(source, AccountFactory(), lease_expires_at=db_now() - SECOND)
+
+    def write_history():
+        with connection.cursor() as cursor:  # check the foreign key now, as at commit
+            cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        PaymentEvent.objects.create(
+            payment_id=payment.pk, type="description_changed", actor="system", data={}
+        )
+
+    done = in_another_transaction(write_history)
+    try:
+        result = reaper.reap_leases()
+    finally:
+        done()
+    assert result.dead_lettered == 1
+    assert Payment.objects.get(pk=payment.pk).status == "FAILED"
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_two_reapers_never_requeue_the_same_payment(settings):
+    """Reapers on several nodes: the one that reaches an expired lease second
+    skips it (it is being requeued) instead of requeueing it again."""
+    source = AccountFactory(funded=1_000)
+    payment = queued_payment(source, AccountFactory(), lease_expires_at=db_now() - SECOND)
+    first = []
+    done = in_another_transaction(lambda: first.append(reaper.reap_leases()))
+    try:
+        second = reaper.reap_leases()
+    finally:
+        done()
+    assert (first, second) == ([reaper.ReapResult(requeued=1)], reaper.ReapResult())
+    payment.refresh_from_db()
+    assert (payment.status, payment.fence) == ("PENDING", 2)
+    assert list(payment.events.values_list("type", "fence")) == [("lease_expired", 2)]
+
+
+def _between_listing_and_dead_lettering(monkeypatch, change):
+    """Run ``change(payment_id)`` after the reaper has listed a dead letter and
+    before it locks it: what a concurrent transaction could do in between."""
+    real = reaper._dead_letter
+
+    def dead_letter(payment_id):
+        change(payment_id)
+        return real(payment_id)
+
+    monkeypatch.setattr(reaper, "_dead_letter", dead_letter)
+
+
+def test_a_payment_cancelled_before_it_is_dead_lettered_stays_cancelled(
+    alice, settings, monkeypatch, timer_path
+):
+    from payments.services import payment_cancel
+
+    settings.PAYMENT_MAX_ATTEMPTS = 1
+    payment = queued_payment(alice.account, alice.other_account, lease_expires_at=db_now() - SECOND)
+    _between_listing_and_dead_lettering(
+        monkeypatch, lambda pid: payment_cancel(payment_id=pid, client=alice.user)
+    )
+    assert reaper.reap_leases() == reaper.ReapResult()
+    payment.refresh_from_db()
+    assert (payment.status, payment.error_code) == ("CANCELLED", "")
+    assert not payment.events.filter(type="dead_lettered").exists()
+
+
+def test_a_lease_renewed_before_it_is_dead_lettered_is_left_alone(
+    alice, settings, monkeypatch, portable_clock
+):
+    """Re-checked under the lock: a lease that now ends at the current instant is
+    not expired (the same boundary as the listing's)."""
+    settings.PAYMENT_MAX_ATTEMPTS = 1
+    payment = queued_payment(
+        alice.account, alice.other_account, lease_expires_at=portable_clock - SECOND
+    )
+    _between_listing_and_dead_lettering(
+        monkeypatch,
+        lambda pid: Payment.objects.filter(pk=pid).update(lease_expires_at=portable_clock),
+    )
+    assert reaper.reap_leases() == reaper.ReapResult()
+    payment.refresh_from_db()
+    assert (payment.status, payment.lease_expires_at) == ("QUEUED", portable_clock)
+    assert payment.hold.status == "active"
+
+
+def test_a_last_attempt_still_running_does_not_hold_back_a_dead_letter(alice, settings, timer_path):
+    """Only expired leases are listed: one reap of limit 1 dead-letters the
+    expired payment even when a live one on its last attempt comes first (in
+    primary-key order, and in table order: PostgreSQL is told to read the
+    table, as it may with other statistics, rather than the lease index)."""
+    settings.PAYMENT_MAX_ATTEMPTS = 2
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:  # until the test's transaction ends
+            for scan in ("indexscan", "indexonlyscan", "bitmapscan"):
+                cursor.execute(f"SET LOCAL enable_{scan} = off")
+    now = db_now()
+    running = queued_payment(
+        alice.account,
+        alice.other_account,
+        lease_expires_at=now + 30 * SECOND,
+        attempts=2,
+        id=uuid.UUID(int=1),
+    )
+    expired = queued_payment(
+        alice.account,
+        alice.other_account,
+        lease_expires_at=now - SECOND,
+        attempts=2,
+        id=uuid.UUID(int=2**128 - 1),
+    )
+    assert reaper.reap_leases(limit=1) == reaper.ReapResult(dead_lettered=1)
+    assert Payment.objects.get(pk=expired.pk).status == "FAILED"
+    assert Payment.objects.get(pk=running.pk).status == "QUEUED"
+
+
+@pytest.mark.postgres
+def test_one_reap_requeues_at_most_10_000_payments(alice):
+    """A reap is one bounded transaction: a flood of expired leases (a Redis
+    flush) is requeued 10,000 at a time."""
+    expired = db_now() - SECOND
+    Payment.objects.bulk_create(
+        Payment(
+            from_account=alice.account,
+            to_account=alice.other_account,
+            owner=alice.user,
+            amount=1,
+            due_at=expired,
+            run_at=expired,
+            partition=0,
+            status="QUEUED",
+            fence=1,
+            attempts=1,
+            lease_expires_at=expired,
+        )
+        for _ in range(10_001)
+    )
+    assert reaper.reap_leases() == reaper.ReapResult(requeued=10_000)
+    assert Payment.objects.filter(status="QUEUED").count() == 1

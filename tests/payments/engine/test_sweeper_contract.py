@@ -1,0 +1,407 @@
+"""The sweeper (DESIGN §4.1): what a claim writes, never early, batches,
+backpressure, catching up, the executors' state, and the messages it publishes.
+
+Most tests run on both code paths of the timer (PostgreSQL's one
+statement and the ORM path of the embedded default; see tests/payments/engine/timer.py).
+On the ORM path the database clock is frozen, so boundaries are exact.
+"""
+
+import logging
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from payments import routing, selectors, tasks, transitions
+from payments.clock import db_now
+from payments.engine import executor, sweeper
+from payments.models import Payment
+from payments.routing import partition_for
+from tests.factories import AccountFactory
+from tests.payments.engine.timer import in_another_transaction, queued_payment, sweep_due
+from tests.payments.helpers import bulk_schedule, capture_publish, make_due, sweep
+
+pytestmark = pytest.mark.django_db
+
+
+def schedule(client, n=1, **overrides):
+    return [client.schedule(**overrides).json()["payment_id"] for _ in range(n)]
+
+
+def set_times(pid, *, due_at, run_at=None):
+    Payment.objects.filter(pk=pid).update(due_at=due_at, run_at=run_at or due_at)
+
+
+def queue_of(client):
+    return routing.queue_name(partition_for(client.account.pk))
+
+
+def test_a_claim_queues_the_payment_under_a_new_fence_with_a_lease(
+    alice, monkeypatch, settings, frozen_clock
+):
+    settings.PAYMENT_LEASE_SECONDS = 45
+    first, second = schedule(alice, 2)
+    make_due(first, second, seconds_ago=5)
+    Payment.objects.filter(pk=second).update(fence=4, attempts=2)  # reaped twice before
+    before = frozen_clock or db_now()
+    result, published = sweep(monkeypatch)
+    after = frozen_clock or db_now()
+    assert (result.claimed, result.messages, result.batches, result.batch_sizes) == (2, 1, 1, [2])
+    assert not result.backpressure and not result.catching_up
+    assert [(queue, countdown) for queue, _, countdown in published] == [(queue_of(alice), None)]
+    assert sorted(published.items()) == sorted([(first, 1), (second, 5)])
+    lease = timedelta(seconds=45)
+    for pid, fence, attempts in ((first, 1, 1), (second, 5, 3)):
+        payment = Payment.objects.get(pk=pid)
+        assert (payment.status, payment.fence, payment.attempts) == ("QUEUED", fence, attempts)
+        assert before + lease <= payment.lease_expires_at <= after + lease
+        assert before <= payment.updated_at <= after
+        event = payment.events.get(type="queued")
+        assert (event.from_status, event.to_status, event.actor, event.fence, event.data) == (
+            "PENDING",
+            "QUEUED",
+            "system",
+            fence,
+            {},
+        )
+
+
+@pytest.mark.parametrize("lookahead", [0.0, 1.5])
+def test_nothing_is_claimed_before_its_run_time_plus_the_lookahead(
+    alice, monkeypatch, settings, frozen_clock, lookahead
+):
+    """Never early: the cutoff is the database clock plus the lookahead, inclusive;
+    a payment claimed ahead is published with a countdown to its due time."""
+    settings.PAYMENT_LOOKAHEAD_SECONDS = lookahead
+    edge, late, cancelled = schedule(alice, 3)
+    cutoff = (frozen_clock or db_now()) + timedelta(seconds=lookahead)
+    set_times(edge, due_at=cutoff)
+    # one microsecond past the cutoff on the frozen clock; on PostgreSQL's
+    # running clock, far enough past it that the sweep cannot reach it
+    set_times(late, due_at=cutoff + timedelta(microseconds=1 if frozen_clock else 30_000_000))
+    make_due(cancelled)
+    assert alice.api.delete(f"/api/v1/payments/{cancelled}/cancel").status_code == 200
+    result, published = sweep(monkeypatch)
+    assert result.claimed == 1 and published.items() == [(edge, 1)]
+    assert Payment.objects.get(pk=late).status == "PENDING"
+    assert Payment.objects.get(pk=cancelled).status == "CANCELLED"
+    ((_, _, countdown),) = published
+    if frozen_clock:
+        assert countdown == (lookahead or None)
+    elif lookahead:
+        assert 0 < countdown <= lookahead
+    else:
+        assert countdown is None
+
+
+def test_a_batch_takes_the_earliest_run_times_first(alice, monkeypatch, settings, timer_path):
+    settings.PAYMENT_SWEEP_BATCH = 2
+    ids = schedule(alice, 3)
+    now = db_now()
+    for i, pid in enumerate(ids):  # the first scheduled runs last
+        set_times(pid, due_at=now - timedelta(seconds=40), run_at=now - timedelta(seconds=10 * i))
+    published = capture_publish(monkeypatch)
+    result = sweep_due(max_batches=1)
+    assert (result.claimed, result.batches, result.batch_sizes) == (2, 1, [2])
+    assert sorted(published.items()) == sorted([(ids[1], 1), (ids[2], 1)])
+    assert Payment.objects.get(pk=ids[0]).status == "PENDING"
+    assert sweep(monkeypatch)[1].items() == [(ids[0], 1)]
+
+
+@pytest.mark.parametrize(
+    ("due", "max_batches", "sizes"),
+    [(5, None, [2, 2, 1]), (4, None, [2, 2]), (5, 2, [2, 2]), (1, None, [1]), (0, None, [])],
+)
+def test_the_sweep_loops_while_it_finds_full_batches(
+    alice, monkeypatch, settings, timer_path, due, max_batches, sizes
+):
+    settings.PAYMENT_SWEEP_BATCH = 2
+    ids = schedule(alice, due)
+    make_due(*ids)
+    published = capture_publish(monkeypatch)
+    kwargs = {} if max_batches is None else {"max_batches": max_batches}
+    result = sweep_due(**kwargs)
+    assert result.batch_sizes == sizes
+    assert (result.claimed, result.batches, result.messages) == (sum(sizes), len(sizes), len(sizes))
+    assert len(published) == len(sizes) and len(published.items()) == sum(sizes)
+    assert Payment.objects.filter(status="PENDING").count() == due - sum(sizes)
+    assert not result.backpressure
+
+
+def test_one_sweep_makes_at_most_50_batches(alice, monkeypatch, settings):
+    settings.PAYMENT_SWEEP_BATCH = 1
+    ids = bulk_schedule(
+        sources=[alice.account.pk],
+        targets=[alice.other_account.pk],
+        count=51,
+        amount=1,
+        due_at=timezone.now() - timedelta(seconds=1),
+    )
+    result, published = sweep(monkeypatch)
+    assert (result.claimed, result.batches, len(published)) == (50, 50, 50)
+    assert Payment.objects.filter(pk__in=ids, status="PENDING").count() == 1
+
+
+@pytest.mark.parametrize(
+    ("max_queued", "batch", "queued", "sizes", "backpressure"),
+    [
+        (3, 5, 0, [3], True),  # a cap below the batch: claim up to the cap, then stop
+        (1, 5, 0, [1], True),
+        (5, 2, 3, [2], True),  # room for exactly one whole batch
+        (5, 3, 3, [], True),  # room for 2 of a batch of 3 while a backlog is queued: wait
+        (10, 2, 0, [2, 2], False),
+    ],
+)
+def test_backpressure_claims_only_whole_batches_up_to_the_cap(
+    alice, monkeypatch, settings, timer_path, max_queued, batch, queued, sizes, backpressure
+):
+    settings.PAYMENT_MAX_QUEUED = max_queued
+    settings.PAYMENT_SWEEP_BATCH = batch
+    lease = db_now() + timedelta(seconds=settings.PAYMENT_LEASE_SECONDS)
+    for _ in range(queued):
+        queued_payment(alice.account, alice.other_account, lease_expires_at=lease)
+    ids = schedule(alice, 4)
+    make_due(*ids)
+    result, published = sweep(monkeypatch)
+    assert (result.batch_sizes, result.backpressure) == (sizes, backpressure)
+    assert result.claimed == sum(sizes) == len(published.items())
+    assert sweeper.queued_count() == queued + sum(sizes)
+    assert Payment.objects.filter(status="PENDING").count() == 4 - sum(sizes)
+
+
+def _claimed_ago(client, now, seconds, *, lease_seconds=60, run_at=None):
+    """A QUEUED claim made ``seconds`` ago (its lease runs from then)."""
+    return queued_payment(
+        client.account,
+        client.other_account,
+        lease_expires_at=now + timedelta(seconds=lease_seconds - seconds),
+        due_at=run_at or now - timedelta(seconds=100),
+    )
+
+
+@pytest.mark.parametrize(("lag_ms", "catching_up"), [(250, False), (251, True)])
+def test_catching_up_starts_past_the_lag_threshold_and_claims_nothing_ahead(
+    alice, monkeypatch, settings, portable_clock, lag_ms, catching_up
+):
+    settings.PAYMENT_LOST_CLAIMS_TOLERATED = 0
+    settings.PAYMENT_CATCH_UP_LAG_MS = 250
+    settings.PAYMENT_LOOKAHEAD_SECONDS = 1.0
+    now = portable_clock
+    _claimed_ago(alice, now, lag_ms / 1000)
+    overdue, ahead = schedule(alice, 2)
+    set_times(overdue, due_at=now - timedelta(seconds=3))
+    set_times(ahead, due_at=now + timedelta(milliseconds=500))
+    result, published = sweep(monkeypatch)
+    assert result.catching_up is catching_up and result.lag == lag_ms / 1000
+    expected = [overdue] if catching_up else [overdue, ahead]
+    assert sorted(pid for pid, _ in published.items()) == sorted(expected)
+    assert Payment.objects.get(pk=ahead).status == ("PENDING" if catching_up else "QUEUED")
+
+
+def test_executors_behind_hold_the_sweep_back(alice, monkeypatch, settings, frozen_clock):
+    settings.PAYMENT_LOST_CLAIMS_TOLERATED = 0
+    now = frozen_clock or db_now()
+    _claimed_ago(alice, now, 40)
+    (pid,) = schedule(alice)
+    make_due(pid)
+    result, published = sweep(monkeypatch)
+    assert result.backpressure and result.claimed == 0 and published == []
+    assert result.lag >= 40 and Payment.objects.get(pk=pid).status == "PENDING"
+
+
+def test_no_claims_means_no_backlog(db, timer_path):
+    assert sweeper.executor_state() == sweeper.ExecutorState(behind=False, lag=0.0)
+
+
+@pytest.mark.parametrize(
+    ("remaining", "run_at", "behind", "lag"),
+    [
+        # claimed 30 s ago, due 40 s ago: waited half its lease, not more
+        (30, -40, False, 30.0),
+        (29.999999, -40, True, 30.000001),
+        # claimed 10 s ago, due 5 s ago: queue delay counts from the due time
+        (50, -5, False, 5.0),
+        # claimed ahead, not yet due: no delay
+        (55, 3, False, 0.0),
+    ],
+)
+def test_executor_state_judges_the_oldest_claim_past_the_tolerated_ones(
+    alice, settings, portable_clock, remaining, run_at, behind, lag
+):
+    settings.PAYMENT_LEASE_SECONDS = 60
+    settings.PAYMENT_LOST_CLAIMS_TOLERATED = 1
+    now = portable_clock
+    # created out of lease order, so only the lease order finds the right one
+    _claimed_ago(alice, now, 60 - remaining, run_at=now + timedelta(seconds=run_at))  # judged
+    _claimed_ago(alice, now, 59, run_at=now - timedelta(seconds=200))  # a lost message
+    _claimed_ago(alice, now, 1, run_at=now - timedelta(seconds=1))
+    state = sweeper.executor_state()
+    assert state == sweeper.ExecutorState(behind=behind, lag=pytest.approx(lag, abs=1e-9))
+    settings.PAYMENT_LOST_CLAIMS_TOLERATED = 3
+    assert sweeper.executor_state() == sweeper.ExecutorState()
+
+
+def test_executor_state_on_postgresql_matches_the_orm_path(alice, settings, timer_path):
+    settings.PAYMENT_LEASE_SECONDS = 60
+    settings.PAYMENT_LOST_CLAIMS_TOLERATED = 1
+    now = db_now()
+    _claimed_ago(alice, now, 59, run_at=now - timedelta(seconds=200))  # a lost message
+    _claimed_ago(alice, now, 10, run_at=now - timedelta(seconds=5))
+    state = sweeper.executor_state()
+    assert not state.behind and 5 <= state.lag < 8
+    _claimed_ago(alice, now, 45, run_at=now - timedelta(seconds=100))
+    state = sweeper.executor_state()
+    assert state.behind and 45 <= state.lag < 48
+
+
+def test_publish_claims_one_message_per_partition_chunk_eta_by_the_database_clock(
+    monkeypatch, settings
+):
+    settings.PAYMENT_CHUNK_SPREAD_MS = 50
+    now = timezone.now()
+    published = capture_publish(monkeypatch)
+    claims = [
+        transitions.Claimed("late", 7, 12, now + timedelta(milliseconds=200)),
+        transitions.Claimed("overdue", 2, 3, now - timedelta(seconds=1)),
+        transitions.Claimed("now", 1, 3, now),
+    ]
+    assert tasks.publish_chunks(sweeper.chunk_claims(claims, now), now) == 2
+    # overdue payments wait for no one: one chunk however far apart, sent without delay
+    assert published == [
+        ("payments.p03", [["overdue", 2], ["now", 1]], None),
+        ("payments.p12", [["late", 7]], 0.2),
+    ]
+
+
+def test_chunks_close_at_the_size_and_past_the_spread(settings):
+    settings.PAYMENT_CHUNK_SIZE = 3
+    settings.PAYMENT_CHUNK_SPREAD_MS = 50
+    now = timezone.now()
+
+    def at(ms):
+        return now + timedelta(milliseconds=ms)
+
+    claims = [
+        transitions.Claimed("b3", 1, 5, at(100)),  # 50 ms after the chunk's first: same chunk
+        transitions.Claimed("b1", 1, 5, at(50)),
+        transitions.Claimed("b4", 1, 5, at(101)),  # the fourth: a new chunk
+        transitions.Claimed("b2", 1, 5, at(60)),
+        transitions.Claimed("c1", 1, 5, at(152)),  # 51 ms after b4: a new chunk
+        transitions.Claimed("a1", 1, 1, at(0)),  # due exactly now: waits for no one
+        transitions.Claimed("a0", 1, 1, at(-1000)),
+    ]
+    chunks = [
+        (partition, eta, [c.payment_id for c in chunk])
+        for partition, eta, chunk in sweeper.chunk_claims(claims, now)
+    ]
+    assert chunks == [
+        (1, at(0), ["a0", "a1"]),
+        (5, at(100), ["b1", "b2", "b3"]),
+        (5, at(101), ["b4"]),
+        (5, at(152), ["c1"]),
+    ]
+
+
+def test_republished_early_arrivals_wait_for_their_due_time_on_their_queue(
+    alice, monkeypatch, settings
+):
+    (pid,) = schedule(alice)
+    now = timezone.now()
+    monkeypatch.setattr(tasks, "db_now", lambda: now)
+    published = capture_publish(monkeypatch)
+    unknown = str(uuid.uuid4())
+    tasks.republish_not_due(
+        [
+            (pid, 3, now + timedelta(seconds=2.5)),
+            (unknown, 1, now + timedelta(seconds=1)),
+            (pid, 4, now - timedelta(seconds=1)),  # due by now: at once
+        ]
+    )
+    assert published == [
+        (queue_of(alice), [[pid, 3]], 2.5),
+        ("payments.p00", [[unknown, 1]], 1.0),
+        (queue_of(alice), [[pid, 4]], 0.0),
+    ]
+
+
+def test_partitions_of_names_each_known_payment_by_its_id_string(alice, bob):
+    (a,) = schedule(alice)
+    (b,) = schedule(bob)
+    found = selectors.partitions_of([a, b, str(uuid.uuid4())])
+    assert found == {a: partition_for(alice.account.pk), b: partition_for(bob.account.pk)}
+
+
+def test_an_early_delivery_is_sent_back_to_its_queue_with_the_remaining_time(
+    alice, monkeypatch, settings
+):
+    """The executor task, handed a chunk before its due time (a publisher's clock
+    ahead of the database), executes nothing and re-publishes it, same fence."""
+    settings.PAYMENT_LOOKAHEAD_SECONDS = 2
+    (pid,) = schedule(alice)
+    set_times(pid, due_at=db_now() + timedelta(seconds=1.5))
+    _, first = sweep(monkeypatch)
+    again = capture_publish(monkeypatch)
+    outcome = tasks.execute_chunk([[pid, 1]])
+    assert outcome == {"completed": 0, "failed": 0, "stale": 0}
+    ((queue, items, countdown),) = again
+    assert (queue, items) == (queue_of(alice), [[pid, 1]]) and 0 < countdown <= 1.5
+    assert Payment.objects.get(pk=pid).status == "QUEUED"
+    assert executor.execute_chunk(first.items()).completed == []
+
+
+def test_a_sweep_reports_its_duration_and_logs_what_it_claimed(
+    alice, monkeypatch, caplog, timer_path
+):
+    ticks = iter([100.0, 102.5])
+
+    class Clock:
+        @staticmethod
+        def monotonic():
+            return next(ticks)
+
+    monkeypatch.setattr(sweeper, "time", Clock)
+    ids = schedule(alice, 3)
+    make_due(*ids)
+    with caplog.at_level(logging.INFO, logger="payments.engine.sweeper"):
+        result, _ = sweep(monkeypatch)
+    assert result.seconds == 2.5
+    (record,) = [r for r in caplog.records if r.name == "payments.engine.sweeper"]
+    assert record.levelno == logging.INFO
+    assert record.getMessage() == "sweep claimed 3 payments in 1 messages"
+    assert (record.claimed, record.messages) == (3, 1)
+
+
+def test_an_idle_sweep_logs_nothing(db, monkeypatch, caplog, timer_path):
+    with caplog.at_level(logging.DEBUG, logger="payments.engine.sweeper"):
+        result, published = sweep(monkeypatch)
+    assert (result.claimed, result.messages, result.batches, published) == (0, 0, 0, [])
+    assert [r for r in caplog.records if r.name == "payments.engine.sweeper"] == []
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_two_sweepers_never_claim_or_publish_the_same_payment(monkeypatch):
+    """Sweepers on several nodes: rows another sweeper is claiming are skipped,
+    not claimed again once it commits (no second fence, event or message)."""
+    source = AccountFactory(funded=1_000)
+    ids = bulk_schedule(
+        sources=[source.pk],
+        targets=[AccountFactory().pk],
+        count=3,
+        amount=1,
+        due_at=db_now() - timedelta(seconds=1),
+    )
+    published = capture_publish(monkeypatch)
+    first = []
+    done = in_another_transaction(lambda: first.append(sweep_due()))
+    try:
+        second = sweep_due()
+    finally:
+        done()
+    assert (first[0].claimed, second.claimed, second.messages) == (3, 0, 0)
+    assert sorted(published.items()) == sorted((pid, 1) for pid in ids)
+    for payment in Payment.objects.filter(pk__in=ids):
+        assert (payment.status, payment.fence, payment.attempts) == ("QUEUED", 1, 1)
+        types = payment.events.order_by("pk").values_list("type", flat=True)
+        assert list(types) == ["scheduled", "queued"]  # claimed once
