@@ -1,0 +1,322 @@
+"""payments.transitions: each transition's guard, what it writes and what it refuses.
+
+The engine and service tests drive these through the timer and the API; here
+each transition is called directly on a row, so a guard that stopped
+refusing, a field left unsaved or an event that lost its data shows up even
+where the callers check first.
+"""
+
+from datetime import timedelta
+
+import pytest
+from django.db import transaction
+
+from ledger.exceptions import LedgerError
+from ledger.models import Account, Hold, HoldStatus
+from payments import services, transitions
+from payments.clock import db_now, iso_timestamp
+from payments.exceptions import PaymentNotCancellable, PaymentNotModifiable, RecurringNotChangeable
+from payments.models import (
+    DEAD_LETTER_CODE,
+    Actor,
+    Payment,
+    PaymentStatus,
+    RecurringPayment,
+    RecurringStatus,
+)
+from tests.factories import UserFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def scheduled(client, **overrides) -> Payment:
+    pid = client.schedule(**overrides).json()["payment_id"]
+    return Payment.objects.select_related("from_account").get(pk=pid)
+
+
+def set_status(payment: Payment, status: str, **fields) -> Payment:
+    """The row moved to ``status`` (in memory only for COMPLETED, which the
+    database accepts only with its journal entry)."""
+    if status == PaymentStatus.COMPLETED:
+        payment.status = status
+        return payment
+    Payment.objects.filter(pk=payment.pk).update(status=status, **fields)
+    return Payment.objects.select_related("from_account").get(pk=payment.pk)
+
+
+def refusal(raised, exc_class, message, **details):
+    assert type(raised.value) is exc_class
+    assert raised.value.message == message
+    assert raised.value.details == details
+
+
+# --- executed: complete / fail ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("finish", ["complete", "fail"])
+@pytest.mark.parametrize("status", ["PENDING", "COMPLETED", "CANCELLED"])
+def test_only_a_queued_payment_can_be_completed_or_failed(alice, finish, status):
+    payment = set_status(scheduled(alice), status)
+    with pytest.raises(PaymentNotModifiable) as raised:
+        if finish == "complete":
+            transitions.complete(payment, entry=None, now=db_now(), worker="w")
+        else:
+            transitions.fail(payment, code="x", message="y", now=db_now(), worker="w")
+    refusal(
+        raised,
+        PaymentNotModifiable,
+        f"Payment {payment.pk} is {status}, not QUEUED.",
+        status=status,
+    )
+    assert payment.status == status  # nothing changed in memory either
+
+
+def test_a_failure_message_is_cut_to_the_column(alice):
+    payment = set_status(scheduled(alice), "QUEUED")
+    now = db_now()
+    event = transitions.fail(payment, code="frozen", message="m" * 300, now=now, worker="w")
+    assert payment.error_message == "m" * 255
+    assert (payment.status, payment.error_code, payment.lease_expires_at) == (
+        "FAILED",
+        "frozen",
+        None,
+    )
+    assert (event.type, event.from_status, event.to_status) == ("failed", "QUEUED", "FAILED")
+    assert event.data == {"worker": "w", "error_code": "frozen"}
+
+
+# --- claim_now -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", ["COMPLETED", "FAILED", "CANCELLED"])
+def test_claim_now_refuses_a_payment_that_is_no_longer_open(alice, status):
+    payment = set_status(scheduled(alice), status)
+    with pytest.raises(PaymentNotModifiable) as raised:
+        transitions.claim_now(payment, now=db_now(), execution_id="op-1")
+    refusal(
+        raised,
+        PaymentNotModifiable,
+        f"Payment {payment.pk} is {status} and cannot be executed.",
+        status=status,
+    )
+    assert Payment.objects.get(pk=payment.pk).fence == 0
+
+
+# --- cancel ----------------------------------------------------------------------------
+
+
+def test_cancel_without_a_reason_records_none(alice):
+    payment = scheduled(alice)
+    with transaction.atomic():
+        transitions.cancel(payment, now=db_now(), actor=Actor.STAFF)
+    event = payment.events.get(type="cancelled")
+    assert event.data == {}
+    assert (event.actor, event.from_status, event.to_status) == ("staff", "PENDING", "CANCELLED")
+
+
+def test_cancel_with_a_reason_records_it(alice):
+    payment = scheduled(alice)
+    with transaction.atomic():
+        transitions.cancel(payment, now=db_now(), actor=Actor.STAFF, reason="duplicate")
+    assert payment.events.get(type="cancelled").data == {"reason": "duplicate"}
+
+
+@pytest.mark.parametrize("status", ["COMPLETED", "FAILED", "CANCELLED"])
+def test_cancel_refuses_a_payment_that_is_no_longer_open(alice, status):
+    payment = set_status(scheduled(alice), status)
+    with pytest.raises(PaymentNotCancellable) as raised:
+        transitions.cancel(payment, now=db_now(), actor=Actor.CLIENT)
+    refusal(
+        raised,
+        PaymentNotCancellable,
+        f"Payment {payment.pk} is {status} and can no longer be cancelled.",
+        status=status,
+    )
+
+
+# --- reschedule ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", ["COMPLETED", "FAILED", "CANCELLED"])
+def test_changes_are_refused_once_a_payment_is_no_longer_open(alice, status):
+    payment = set_status(scheduled(alice), status)
+    for change in (
+        lambda: transitions.check_open(payment),
+        lambda: transitions.reschedule(payment, due_at=db_now(), actor=Actor.CLIENT),
+    ):
+        with pytest.raises(PaymentNotModifiable) as raised:
+            change()
+        refusal(
+            raised,
+            PaymentNotModifiable,
+            f"Payment {payment.pk} is {status} and can no longer be changed.",
+            status=status,
+        )
+
+
+def test_rescheduling_a_queued_payment_saves_its_new_time_and_a_full_event(alice):
+    """Through the service, as the API does it: the QUEUED payment goes back to
+    PENDING with a new fence *and* its new due time is stored."""
+    payment = set_status(scheduled(alice), "QUEUED", fence=3, lease_expires_at=db_now())
+    old_due = payment.due_at
+    updated = services.payment_update(
+        payment_id=payment.pk,
+        client=alice.user,
+        delay_seconds=120,
+        actor=Actor.CLIENT,
+        actor_user=alice.user,
+    )
+    stored = Payment.objects.get(pk=payment.pk)
+    assert (stored.status, stored.fence, stored.lease_expires_at) == ("PENDING", 4, None)
+    assert stored.due_at == stored.run_at == updated.due_at != old_due
+    event = stored.events.get(type="rescheduled")
+    assert (event.from_status, event.to_status, event.fence) == ("QUEUED", "PENDING", 4)
+    assert (event.actor, event.actor_user_id) == ("client", alice.user.pk)
+    assert event.data == {"old": iso_timestamp(old_due), "new": iso_timestamp(stored.due_at)}
+
+
+def test_rescheduling_a_pending_payment_keeps_its_fence(alice):
+    payment = scheduled(alice)
+    due = db_now() + timedelta(hours=1)
+    fields, event = transitions.reschedule(payment, due_at=due, actor=Actor.STAFF)
+    assert fields == {"due_at", "run_at"}
+    assert (payment.status, payment.fence, payment.due_at, payment.run_at) == (
+        "PENDING",
+        0,
+        due,
+        due,
+    )
+    assert (event.type, event.from_status, event.to_status, event.actor) == (
+        "rescheduled",
+        "PENDING",
+        "PENDING",
+        "staff",
+    )
+
+
+# --- retry -----------------------------------------------------------------------------
+
+
+def dead_letter(client) -> Payment:
+    payment = scheduled(client)
+    Hold.objects.filter(pk=payment.hold_id).update(status=HoldStatus.RELEASED)
+    Account.objects.filter(pk=payment.from_account_id).update(held=0)
+    return set_status(
+        payment,
+        "FAILED",
+        error_code=DEAD_LETTER_CODE,
+        error_message="Not executed after 5 attempts.",
+        attempts=5,
+        fence=7,
+    )
+
+
+def test_retry_gives_a_dead_letter_a_fresh_hold_and_a_clean_slate(alice):
+    payment = dead_letter(alice)
+    old_hold = payment.hold_id
+    staff = UserFactory(is_staff=True)
+    now = db_now()
+    with transaction.atomic():
+        transitions.retry(payment, now=now, staff_user=staff)
+    stored = Payment.objects.get(pk=payment.pk)
+    assert (stored.status, stored.fence, stored.attempts, stored.run_at) == ("PENDING", 8, 0, now)
+    assert (stored.error_code, stored.error_message) == ("", "")
+    hold = Hold.objects.get(pk=stored.hold_id)
+    assert hold.pk != old_hold
+    assert (hold.status, hold.amount, hold.reference) == ("active", 100, payment.reference)
+    event = stored.events.get(type="retried")
+    assert (event.from_status, event.to_status, event.actor, event.actor_user_id, event.fence) == (
+        "FAILED",
+        "PENDING",
+        "staff",
+        staff.pk,
+        8,
+    )
+
+
+@pytest.mark.parametrize(
+    ("status", "code"),
+    [("FAILED", "account_not_active"), ("COMPLETED", ""), ("CANCELLED", "")],
+)
+def test_only_a_dead_letter_can_be_retried(alice, status, code):
+    """A business failure is final: it needs a new payment, not a retry."""
+    payment = set_status(scheduled(alice), status, error_code=code)
+    with pytest.raises(PaymentNotModifiable) as raised:
+        transitions.retry(payment, now=db_now(), staff_user=UserFactory(is_staff=True))
+    refusal(
+        raised,
+        PaymentNotModifiable,
+        f"Payment {payment.pk} is {status} and is not a dead letter.",
+        status=status,
+    )
+    assert Payment.objects.get(pk=payment.pk).hold_id == payment.hold_id
+
+
+def test_a_retry_the_funds_no_longer_cover_changes_nothing(alice):
+    payment = dead_letter(alice)
+    Account.objects.filter(pk=payment.from_account_id).update(held=alice.account.balance)
+    with pytest.raises(LedgerError), transaction.atomic():
+        transitions.retry(payment, now=db_now(), staff_user=UserFactory(is_staff=True))
+    stored = Payment.objects.get(pk=payment.pk)
+    assert (stored.status, stored.fence, stored.error_code) == ("FAILED", 7, DEAD_LETTER_CODE)
+
+
+# --- recurring schedules ---------------------------------------------------------------
+
+
+def schedule_of(client, **fields) -> RecurringPayment:
+    return RecurringPayment.objects.create(
+        from_account=client.account,
+        to_account=client.other_account,
+        amount=5,
+        interval_seconds=3600,
+        start_time=db_now() + timedelta(minutes=5),
+        **fields,
+    )
+
+
+def test_a_schedule_moved_without_a_reason_has_none(alice):
+    schedule = schedule_of(alice, status_reason="Paused: earlier trouble.", status="paused")
+    transitions.set_schedule_status(schedule, RecurringStatus.ACTIVE)
+    assert (schedule.status, schedule.status_reason) == ("active", "")
+
+
+def test_a_schedule_reason_is_cut_to_the_column(alice):
+    schedule = schedule_of(alice)
+    transitions.set_schedule_status(schedule, RecurringStatus.PAUSED, reason="r" * 300)
+    assert (schedule.status, schedule.status_reason) == ("paused", "r" * 255)
+
+
+@pytest.mark.parametrize(
+    ("current", "target"),
+    [
+        ("ended", "active"),
+        ("cancelled", "paused"),
+        ("ended", "cancelled"),
+        ("paused", "ended"),
+        ("paused", "paused"),
+    ],
+)
+def test_a_schedule_moves_only_along_the_allowed_transitions(alice, current, target):
+    schedule = schedule_of(alice, status=current)
+    with pytest.raises(RecurringNotChangeable) as raised:
+        transitions.set_schedule_status(schedule, target)
+    refusal(
+        raised,
+        RecurringNotChangeable,
+        f"Recurring payment {schedule.pk} is {current}; it cannot become {target}.",
+        status=current,
+    )
+    assert schedule.status == current
+
+
+def test_advancing_a_schedule_with_nothing_left_ends_it(alice):
+    schedule = schedule_of(alice, max_occurrences=2, occurrences_run=2)
+    transitions.advance_schedule(schedule)
+    assert (schedule.status, schedule.next_run_at) == ("ended", None)
+    running = schedule_of(alice)
+    transitions.advance_schedule(running)
+    assert (running.status, running.next_run_at) == ("active", running.start_time)
+    paused = schedule_of(alice, status="paused", max_occurrences=1, occurrences_run=1)
+    transitions.advance_schedule(paused)
+    assert (paused.status, paused.next_run_at) == ("paused", None)  # a paused one stays paused
