@@ -13,6 +13,7 @@ from django.db import transaction
 
 from ledger.exceptions import LedgerError
 from ledger.models import Account, Hold, HoldStatus
+from ledger.services import LedgerBatch
 from payments import services, transitions
 from payments.clock import db_now, iso_timestamp
 from payments.exceptions import PaymentNotCancellable, PaymentNotModifiable, RecurringNotChangeable
@@ -320,3 +321,60 @@ def test_advancing_a_schedule_with_nothing_left_ends_it(alice):
     paused = schedule_of(alice, status="paused", max_occurrences=1, occurrences_run=1)
     transitions.advance_schedule(paused)
     assert (paused.status, paused.next_run_at) == ("paused", None)  # a paused one stays paused
+
+
+# --- schedule --------------------------------------------------------------------------
+
+
+def test_a_scheduled_payment_is_stamped_and_held_under_its_own_id(alice):
+    """``schedule_many`` (the bulk loads) and ``schedule`` (the API) make the same
+    rows: the hold's reference is ``payment:<the payment's id>``, both stamps are
+    the instant given, description and metadata default to empty."""
+    now = db_now() - timedelta(minutes=5)  # not the statement's time: the value given
+    items = [
+        {
+            "from_account_id": alice.account.pk,
+            "to_account_id": alice.other_account.pk,
+            "amount": 7,
+            "due_at": now + timedelta(hours=1),
+            "now": now,
+        }
+    ]
+    with transaction.atomic():
+        (payment,) = transitions.schedule_many(
+            LedgerBatch(account_ids=[alice.account.pk]), items, actor=Actor.SYSTEM
+        )
+    stored = Payment.objects.get(pk=payment.pk)
+    assert (stored.created_at, stored.updated_at) == (now, now)
+    assert (stored.description, stored.metadata, stored.status, stored.fence) == (
+        "",
+        {},
+        "PENDING",
+        0,
+    )
+    hold = Hold.objects.get(pk=stored.hold_id)
+    assert (hold.reference, hold.amount, hold.status) == (f"payment:{stored.pk}", 7, "active")
+    event = stored.events.get()
+    assert (event.type, event.actor, event.actor_user_id, event.data) == (
+        "scheduled",
+        "system",
+        None,
+        {},
+    )
+
+
+def test_a_payment_scheduled_through_the_api_records_who_and_how_much(alice):
+    payment = scheduled(alice, amount=250)
+    event = payment.events.get()
+    assert (event.type, event.from_status, event.to_status, event.fence) == (
+        "scheduled",
+        "",
+        "PENDING",
+        0,
+    )
+    assert (event.actor, event.actor_user_id, event.data) == (
+        "client",
+        alice.user.pk,
+        {"amount": 250},
+    )
+    assert Hold.objects.get(pk=payment.hold_id).reference == f"payment:{payment.pk}"
