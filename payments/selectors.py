@@ -148,7 +148,20 @@ def newest_first_page(qs: QuerySet, *, cursor: str | None, limit: int) -> tuple[
             )
         )
     rows = list(qs.order_by(f"-{created}", "-id")[: limit + 1])
+    return cut_page(rows, limit, lambda row: (row.created_at, row.pk))
+
+
+def id_desc_page(qs: QuerySet, *, cursor: str | None, limit: int) -> tuple[list, str | None]:
+    """Keyset page on an integer id, descending; the cursor is ``encode_cursor(id)``."""
+    if cursor:
+        qs = qs.filter(pk__lt=decode_id_cursor(cursor))
+    return cut_page(list(qs.order_by("-pk")[: limit + 1]), limit, lambda row: (row.pk,))
+
+
+def cut_page(rows: list, limit: int, key) -> tuple[list, str | None]:
+    """``limit + 1`` rows read → the page and the cursor after its last row
+    (``encode_cursor(*key(row))``), or ``None`` when nothing follows. Every
+    keyset page of the API ends here."""
     if len(rows) > limit:
-        last = rows[limit - 1]
-        return rows[:limit], encode_cursor(last.created_at, last.pk)
+        return rows[:limit], encode_cursor(*key(rows[limit - 1]))
     return rows, None

@@ -3,8 +3,6 @@ idempotency and error shape as payments."""
 
 from __future__ import annotations
 
-import uuid
-
 from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -12,17 +10,10 @@ from rest_framework.views import APIView
 from .. import services, webhooks
 from ..exceptions import NotFound
 from ..models import RecurringOccurrence, RecurringPayment
-from ..selectors import decode_id_cursor, encode_cursor, newest_first_page
+from ..selectors import id_desc_page, newest_first_page
 from . import serializers as s
 from .schema import api_operation
-from .views import idempotent, parse
-
-
-def parse_uuid(raw: str, label: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(raw)
-    except ValueError:
-        raise NotFound(f"{label} {raw} not found.") from None
+from .views import idempotent, parse, parse_uuid
 
 
 def _flatten(data: dict) -> dict:
@@ -40,13 +31,6 @@ def _owned(request, raw_id) -> RecurringPayment:
     if schedule is None:
         raise NotFound(f"Recurring payment {raw_id} not found.")
     return schedule
-
-
-def _page(qs, cursor: str | None, limit: int):
-    if cursor:
-        qs = qs.filter(pk__lt=decode_id_cursor(cursor))
-    rows = list(qs.order_by("-pk")[: limit + 1])
-    return rows[:limit], (encode_cursor(rows[limit - 1].pk) if len(rows) > limit else None)
 
 
 class RecurringCollectionView(APIView):
@@ -173,10 +157,10 @@ class RecurringOccurrencesView(APIView):
     def get(self, request, recurring_id):
         schedule = _owned(request, recurring_id)
         query = parse(s.StatementQuery, request.query_params.dict())
-        rows, next_cursor = _page(
+        rows, next_cursor = id_desc_page(
             RecurringOccurrence.objects.filter(recurring=schedule).select_related("payment"),
-            query.get("cursor"),
-            query["limit"],
+            cursor=query.get("cursor"),
+            limit=query["limit"],
         )
         return Response(
             {

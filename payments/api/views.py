@@ -111,11 +111,16 @@ def parse(serializer_class, data):
     return serializer.validated_data
 
 
-def parse_payment_id(raw: str) -> uuid.UUID:
+def parse_uuid(raw: str, label: str, **details: object) -> uuid.UUID:
+    """An id from the URL; one that is not a UUID is a 404 like an unknown one."""
     try:
         return uuid.UUID(raw)
     except ValueError:
-        raise NotFound(f"Payment {raw} not found.", payment_id=raw) from None
+        raise NotFound(f"{label} {raw} not found.", **details) from None
+
+
+def parse_payment_id(raw: str) -> uuid.UUID:
+    return parse_uuid(raw, "Payment", payment_id=raw)
 
 
 class PaymentScheduleView(APIView):
@@ -315,11 +320,11 @@ class AccountTransactionsView(APIView):
         rows = ledger_selectors.account_statement(
             account_id=account.pk, before_posting_id=before, limit=limit + 1
         )
-        next_cursor = selectors.encode_cursor(rows[limit - 1].pk) if len(rows) > limit else None
+        rows, next_cursor = selectors.cut_page(rows, limit, lambda row: (row.pk,))
         return Response(
             {
                 "account": s.AccountOutput(account).data,
-                "transactions": s.StatementLineOutput(rows[:limit], many=True).data,
+                "transactions": s.StatementLineOutput(rows, many=True).data,
                 "next_cursor": next_cursor,
             }
         )
