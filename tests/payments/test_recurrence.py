@@ -1,13 +1,15 @@
 """Calendar policies of recurring schedules (pure functions, no database)."""
 
 import itertools
+import uuid
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from payments.calendar import InvalidSchedule, Spec, upcoming, validate_cron, zone
+from payments.calendar import InvalidSchedule, Spec, jitter_for, upcoming, validate_cron, zone
 
 NY = "America/New_York"
 
@@ -198,3 +200,20 @@ def test_occurrences_are_strictly_increasing_and_resumable(
     # resuming from any occurrence gives the same continuation
     for i in range(len(runs) - 1):
         assert upcoming(s, after=runs[i], count=1) == [runs[i + 1]]
+
+
+def test_jitter_spreads_occurrences_over_the_window_in_milliseconds():
+    """``jitter_for``: 0 without jitter; otherwise a deterministic delay in
+    [0, jitter_seconds], whole milliseconds, spread over the window (over 300
+    instants both halves are used). A known answer pins it across versions:
+    every node and every retry must agree on an occurrence's delay."""
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    schedule = SimpleNamespace(pk=uuid.UUID(int=1), jitter_seconds=600)
+    delays = [jitter_for(schedule, start + timedelta(hours=h)).total_seconds() for h in range(300)]
+    assert all(0 <= d <= 600 for d in delays)
+    assert all(abs(d * 1000 - round(d * 1000)) < 1e-6 for d in delays)  # whole milliseconds
+    assert any(d != int(d) for d in delays)  # and not whole seconds
+    assert min(delays) < 150 and max(delays) > 450
+    assert jitter_for(schedule, start) == jitter_for(schedule, start)
+    assert jitter_for(schedule, start).total_seconds() == 269.656
+    assert jitter_for(SimpleNamespace(pk=schedule.pk, jitter_seconds=0), start) == timedelta(0)

@@ -293,3 +293,19 @@ def test_timer_tasks_are_routed_to_their_own_queue():
     assert queue("payments.materialize_recurring") == "recurring"
     assert queue("payments.retry_webhooks") == queue("payments.deliver_webhook") == "webhooks"
     assert queue("ledger.reconcile") == "default"
+
+
+def test_a_sweep_sends_an_overdue_backlog_of_one_partition_in_one_message(
+    alice, monkeypatch, settings
+):
+    """Through ``sweep_due`` itself: payments already due at the sweep's clock are
+    chunked together however far apart their due times (the spread only holds
+    back payments still to come)."""
+    settings.PAYMENT_CHUNK_SPREAD_MS = 50
+    ids = schedule(alice, 3)
+    for pid, seconds in zip(ids, (3, 2, 1), strict=True):
+        make_due(pid, seconds_ago=seconds)
+    result, published = sweep(monkeypatch)
+    assert (result.claimed, result.messages) == (3, 1)
+    ((_queue, items, countdown),) = published
+    assert sorted(pid for pid, _ in items) == sorted(ids) and countdown is None
