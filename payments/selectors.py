@@ -120,14 +120,7 @@ def newest_first_page(qs: QuerySet, *, cursor: str | None, limit: int) -> tuple[
     sqlite = connections[qs.db].vendor == "sqlite"
     created = "created_at"
     if sqlite:
-        qs = qs.annotate(
-            created_text=Func(
-                Value(SQLITE_TIME_TEXT),
-                F("created_at"),
-                function="strftime",
-                output_field=CharField(),
-            )
-        )
+        qs = qs.annotate(created_text=_sqlite_normal(F("created_at")))
         created = "created_text"
     if cursor:
         created_raw, id_raw = decode_cursor(cursor, 2)
