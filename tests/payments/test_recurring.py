@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from ledger.models import Account
 from payments import calendar
+from payments.clock import iso_timestamp
 from payments.engine import executor, materializer
 from payments.models import Payment, RecurringOccurrence, RecurringPayment
 from tests.factories import AccountFactory, UserFactory
@@ -48,6 +49,40 @@ def test_create_get_list_and_upcoming(alice):
     assert [r["recurring_payment_id"] for r in listed["recurring_payments"]] == [rid]
     occurrences = alice.api.get(f"/api/v1/recurring-payments/{rid}/occurrences").json()
     assert occurrences["occurrences"] == [] and len(occurrences["upcoming"]) == 5
+
+
+def test_occurrence_history_pages_newest_first_without_gaps(alice):
+    """The occurrence history is paged by id, newest first: five occurrences in
+    pages of two are three pages, each occurrence once, the last without a
+    cursor; a cursor from another list is refused."""
+    rid = create(alice).json()["recurring_payment_id"]
+    schedule = RecurringPayment.objects.get(pk=rid)
+    start = datetime(2026, 1, 1, 9, tzinfo=UTC)
+    made = [
+        RecurringOccurrence.objects.create(
+            recurring=schedule,
+            scheduled_for=start + timedelta(days=day),
+            status="skipped",
+            reason="missed (skip)",
+        ).pk
+        for day in range(5)
+    ]
+    url = f"/api/v1/recurring-payments/{rid}/occurrences"
+    seen, cursors, cursor = [], [], None
+    while True:
+        query = {"limit": 2} | ({"cursor": cursor} if cursor else {})
+        body = alice.api.get(url, query).json()
+        seen += [o["scheduled_for"] for o in body["occurrences"]]
+        cursor = body["next_cursor"]
+        cursors.append(cursor)
+        if cursor is None:
+            break
+    newest_first = [
+        o.scheduled_for for o in RecurringOccurrence.objects.filter(pk__in=made).order_by("-pk")
+    ]
+    assert seen == [iso_timestamp(t) for t in newest_first]
+    assert len(cursors) == 3 and cursors[-1] is None
+    assert alice.api.get(url, {"limit": 2, "cursor": "!!"}).status_code == 400
 
 
 @pytest.mark.parametrize(
