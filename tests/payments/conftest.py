@@ -107,3 +107,10 @@ def dispatched() -> None:
     webhooks.dispatch(
         WebhookEvent.objects.filter(dispatched_at__isnull=True).values_list("pk", flat=True)
     )
+
+
+@pytest.fixture
+def accounts(db):
+    """Two account ids of one client: a funded source and a target."""
+    owner = UserFactory()
+    return AccountFactory(owner=owner, funded=1_000).pk, AccountFactory(owner=owner).pk

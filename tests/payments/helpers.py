@@ -10,7 +10,7 @@ from ledger.services import LedgerBatch
 from payments import tasks, transitions
 from payments.clock import db_now
 from payments.engine import sweeper
-from payments.models import Actor, Payment
+from payments.models import Actor, Payment, RecurringPayment
 
 
 def make_due(*payment_ids, seconds_ago=1):
@@ -76,3 +76,17 @@ def bulk_schedule(*, sources, targets, count, amount, due_at):
         batch = LedgerBatch(account_ids=sources)
         payments = transitions.schedule_many(batch, items, actor=Actor.CLIENT)
     return [str(p.pk) for p in payments]
+
+
+def make_schedule(source, target, *, start, every=3600, **fields):
+    """A recurring schedule between two account ids, created directly (as if the
+    service had been down since ``start`` when that is in the past)."""
+    return RecurringPayment.objects.create(
+        from_account_id=source,
+        to_account_id=target,
+        amount=fields.pop("amount", 10),
+        interval_seconds=every,
+        start_time=start,
+        next_run_at=fields.pop("next_run_at", start),
+        **fields,
+    )
