@@ -24,7 +24,7 @@ from .. import locks, metrics, transitions
 from ..clock import db_now, iso_timestamp
 from ..engine import executor
 from ..exceptions import InvalidRequest, NotFound, PaymentNotDue
-from ..models import Actor, Payment, PaymentEvent, PaymentStatus
+from ..models import OPEN_STATUSES, Actor, Payment, PaymentEvent
 from .rules import check_amount, check_distinct, payable_destination, resolve_due_at
 
 logger = logging.getLogger(__name__)
@@ -226,7 +226,7 @@ def payment_execute_now(*, payment_id: uuid.UUID, execution_id: str) -> Payment:
     """
     with transaction.atomic():
         payment = locks.lock_payment(payment_id, None)
-        if payment.status not in (PaymentStatus.PENDING, PaymentStatus.QUEUED):
+        if payment.status not in OPEN_STATUSES:
             return payment
         now = db_now()
         if payment.due_at > now:
