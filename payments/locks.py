@@ -4,6 +4,9 @@ Lock order, everywhere: client user row (quota checks), recurring schedule,
 payment row(s) in ascending id order, then the ledger's accounts in ascending
 id order and their holds (``ledger.services.LedgerBatch``). A transaction
 takes them in that order or not at all, so two of them cannot deadlock.
+The executor may add more payment rows after its chunk's own
+(``lock_due_queued``), but only with ``SKIP LOCKED``: a lock it never waits
+for cannot close a cycle.
 
 ``FOR NO KEY UPDATE`` everywhere: it does not conflict with the ``FOR KEY
 SHARE`` locks that inserts of referencing rows (events, attempts, postings)
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable
+from datetime import datetime
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
@@ -34,6 +38,24 @@ def lock_payments(payment_ids: Iterable[str]) -> list[Payment]:
         Payment.objects.select_for_update(no_key=True, of=("self",))
         .filter(pk__in=list(payment_ids))
         .order_by("pk")
+    )
+
+
+def lock_due_queued(
+    partition: int, *, now: datetime, limit: int, exclude: Iterable[str] = ()
+) -> list[Payment]:
+    """Lock up to ``limit`` more QUEUED payments of ``partition`` that are due at
+    ``now`` (database clock), oldest due first — the executor's collapse.
+
+    ``SKIP LOCKED``: a row another executor (or a cancel) holds is left to it,
+    never waited for. ``exclude`` are the chunk's own ids, locked already.
+    One range of the partial index on QUEUED ``(partition, due_at)``.
+    """
+    return list(
+        Payment.objects.select_for_update(no_key=True, skip_locked=True, of=("self",))
+        .filter(status=PaymentStatus.QUEUED, partition=partition, due_at__lte=now)
+        .exclude(pk__in=list(exclude))
+        .order_by("due_at")[:limit]
     )
 
 

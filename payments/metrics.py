@@ -36,6 +36,11 @@ sweep_batch_size = Histogram(
     buckets=(1, 10, 50, 100, 250, 500, 1000, 2000, 5000),
 )
 sweep_runs = Counter("payments_sweep_runs_total", "Sweeper runs")
+sweep_interval = Histogram(
+    "payments_sweep_interval_seconds",
+    "Seconds between the starts of consecutive sweeps in one timer process",
+    buckets=(0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.1, 1.25, 1.5, 2, 3, 5, 10),
+)
 sweep_held_back = Counter(
     "payments_sweep_held_back_total",
     "Sweeper runs that stopped claiming (too many QUEUED, or executors behind)",
@@ -44,6 +49,15 @@ executor_lag = Gauge(
     "payments_executor_lag_seconds",
     "Executors' queue delay seen by the last sweep (oldest live QUEUED claim)",
     multiprocess_mode="mostrecent",
+)
+executor_batch_size = Histogram(
+    "payments_executor_batch_size",
+    "Payments executed per executor transaction (a chunk plus what it collapsed)",
+    buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500),
+)
+collapsed = Counter(
+    "payments_collapsed_total",
+    "Due QUEUED payments an executor ran in a batch other than their own message's",
 )
 reaped = Counter("payments_reaped_leases_total", "Expired leases", ["outcome"])
 chunk_retries = Counter(
@@ -60,6 +74,11 @@ def record_chunk(result) -> None:
         lateness.observe(max(seconds, 0.0))
     if result.stale:
         stale_deliveries.inc(len(result.stale))
+    if result.collapsed:
+        collapsed.inc(len(result.collapsed))
+    batch = len(result.completed) + len(result.failed)
+    if batch:
+        executor_batch_size.observe(batch)
 
 
 webhook_deliveries = Counter(

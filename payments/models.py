@@ -129,6 +129,13 @@ class Payment(models.Model):
                 condition=Q(status="QUEUED"),
                 name="payments_queued_lease",
             ),
+            # The executor's collapse (``locks.lock_due_queued``): the due QUEUED
+            # payments of one partition, oldest first.
+            models.Index(
+                fields=["partition", "due_at"],
+                condition=Q(status="QUEUED"),
+                name="payments_queued_partition_due",
+            ),
             # Client listing, newest first (GET /payments): one index range per
             # client, keyset-paged, so page 1,000 costs what page 1 does.
             models.Index(fields=["owner", "-created_at", "-id"], name="payments_by_owner"),

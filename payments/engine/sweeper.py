@@ -36,7 +36,6 @@ class SweepResult:
     seconds: float = 0.0
     backpressure: bool = False
     lag: float = 0.0
-    catching_up: bool = False
     batch_sizes: list[int] = field(default_factory=list)
 
 
@@ -114,8 +113,9 @@ def executor_state() -> ExecutorState:
     - ``lag``: how long that claim has waited since it should have run — since
       its run time, or since it was claimed if it was claimed late. It does
       not count the wait until a payment is due, so it is the executors' queue
-      delay; above ``PAYMENT_CATCH_UP_LAG_MS`` the sweeper claims only
-      payments already due (see ``sweep_due``).
+      delay (exported as ``payments_executor_lag_seconds``; the sweeper itself
+      needs no mode for it: a late executor collapses the partition's due
+      payments into one batch, see ``engine.executor``).
 
     One short scan of the partial index on QUEUED leases.
     """
@@ -175,17 +175,10 @@ def sweep_due(
         if room <= 0 or executors.behind:
             result.backpressure = True
             break
-        # Catching up: the executors run late, so claiming ahead would only
-        # cut the next second into many small chunks (one message per
-        # payment or so, several times the work of a full chunk) that queue
-        # behind the backlog anyway. Claim only what is due: overdue payments
-        # go out in full chunks and the executors catch up at their batched
-        # rate; the lookahead resumes once the lag is gone.
-        lookahead = settings.PAYMENT_LOOKAHEAD_SECONDS
-        if executors.lag * 1000 > settings.PAYMENT_CATCH_UP_LAG_MS:
-            lookahead, result.catching_up = 0.0, True
         with transaction.atomic():
-            claims = claim_due(limit=min(batch_size, room), lookahead=lookahead)
+            claims = claim_due(
+                limit=min(batch_size, room), lookahead=settings.PAYMENT_LOOKAHEAD_SECONDS
+            )
         if claims:
             now = db_now()
             result.messages += publish(chunk_claims(claims, now), now)

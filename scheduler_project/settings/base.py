@@ -491,17 +491,13 @@ PAYMENT_LEASE_SECONDS = env.int("PAYMENT_LEASE_SECONDS", default=60)
 # 11,638 expired (bench, 2 cores); the executors' pace now sets the claiming.
 PAYMENT_MAX_QUEUED = env.int("PAYMENT_MAX_QUEUED", default=10_000)
 # The sweeper also holds back while QUEUED claims have waited more than half
-# their lease, and stops claiming ahead while the executors run late. The
-# oldest this-many claims are ignored for both: they may be lost messages (a
-# killed worker's chunks) waiting for the reaper, not for a worker.
+# their lease. The oldest this-many claims are ignored for it: they may be
+# lost messages (a killed worker's chunks) waiting for the reaper.
 PAYMENT_LOST_CLAIMS_TOLERATED = env.int("PAYMENT_LOST_CLAIMS_TOLERATED", default=400)
-# Catch-up: while the executors' queue delay exceeds this, the sweeper claims
-# only payments already due (no lookahead), so every message is a full chunk.
-PAYMENT_CATCH_UP_LAG_MS = env.int("PAYMENT_CATCH_UP_LAG_MS", default=250)
-# While catching up (claiming only what is due) one beat tick of the sweeper
-# sweeps again every PAYMENT_SWEEP_TICK_MS for up to PAYMENT_SWEEP_WINDOW_SECONDS
-# (under beat's 1 s interval), so a payment falling due is claimed a tick later.
-PAYMENT_SWEEP_TICK_MS = env.int("PAYMENT_SWEEP_TICK_MS", default=100)
+# While it has work (it claimed something, or held back) one beat tick of the
+# sweeper sweeps again every PAYMENT_SWEEP_TICK_MS for up to
+# PAYMENT_SWEEP_WINDOW_SECONDS (under beat's 1 s interval); an idle one returns.
+PAYMENT_SWEEP_TICK_MS = env.int("PAYMENT_SWEEP_TICK_MS", default=200)
 PAYMENT_SWEEP_WINDOW_SECONDS = env.float("PAYMENT_SWEEP_WINDOW_SECONDS", default=0.9)
 # Claims before a payment is dead-lettered (FAILED max_attempts_exceeded).
 PAYMENT_MAX_ATTEMPTS = env.int("PAYMENT_MAX_ATTEMPTS", default=5)

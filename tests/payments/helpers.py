@@ -19,7 +19,12 @@ def make_due(*payment_ids, seconds_ago=1):
 
 
 class Published(list):
-    """Messages the sweeper would have sent: (queue, items, countdown)."""
+    """Messages the sweeper would have sent: (queue, items, countdown); the
+    ``partition`` argument of each is in ``partitions``, in the same order."""
+
+    def __init__(self):
+        super().__init__()
+        self.partitions = []
 
     def items(self):
         return [tuple(item) for _, items, _ in self for item in items]
@@ -41,8 +46,9 @@ def publish_claims(claims):
 def capture_publish(monkeypatch) -> Published:
     published = Published()
 
-    def fake_apply_async(args, queue, countdown=None, **kwargs):
+    def fake_apply_async(args, queue, countdown=None, kwargs=None, **options):
         published.append((queue, args[0], countdown))
+        published.partitions.append((kwargs or {}).get("partition"))
 
     monkeypatch.setattr(tasks.execute_chunk, "apply_async", fake_apply_async)
     return published

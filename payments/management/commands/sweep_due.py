@@ -20,7 +20,6 @@ class Command(BaseCommand):
             "messages": result.messages,
             "batches": result.batches,
             "backpressure": result.backpressure,
-            "catching_up": result.catching_up,
             "executor_lag_seconds": round(result.lag, 3),
             "seconds": round(result.seconds, 4),
         }
@@ -31,9 +30,5 @@ class Command(BaseCommand):
                 f"Claimed {result.claimed} payments in {result.batches} batches, "
                 f"published {result.messages} messages in {result.seconds:.3f}s"
                 + (" (stopped: executors behind or too many QUEUED)" if result.backpressure else "")
-                + (
-                    f" (catching up: executors {result.lag:.2f}s behind, due payments only)"
-                    if result.catching_up
-                    else ""
-                )
+                + (f" (executors {result.lag:.2f}s behind)" if result.lag >= 0.25 else "")
             )

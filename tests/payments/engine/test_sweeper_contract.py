@@ -48,7 +48,7 @@ def test_a_claim_queues_the_payment_under_a_new_fence_with_a_lease(
     result, published = sweep(monkeypatch)
     after = frozen_clock or db_now()
     assert (result.claimed, result.messages, result.batches, result.batch_sizes) == (2, 1, 1, [2])
-    assert not result.backpressure and not result.catching_up
+    assert not result.backpressure and result.lag == 0
     assert [(queue, countdown) for queue, _, countdown in published] == [(queue_of(alice), None)]
     assert sorted(published.items()) == sorted([(first, 1), (second, 5)])
     lease = timedelta(seconds=45)
@@ -180,12 +180,11 @@ def _claimed_ago(client, now, seconds, *, lease_seconds=60, run_at=None):
     )
 
 
-@pytest.mark.parametrize(("lag_ms", "catching_up"), [(250, False), (251, True)])
-def test_catching_up_starts_past_the_lag_threshold_and_claims_nothing_ahead(
-    alice, monkeypatch, settings, portable_clock, lag_ms, catching_up
+@pytest.mark.parametrize("lag_ms", [250, 251, 5000])
+def test_executor_lag_is_reported_and_changes_nothing_claimed(
+    alice, monkeypatch, settings, portable_clock, lag_ms
 ):
     settings.PAYMENT_LOST_CLAIMS_TOLERATED = 0
-    settings.PAYMENT_CATCH_UP_LAG_MS = 250
     settings.PAYMENT_LOOKAHEAD_SECONDS = 1.0
     now = portable_clock
     _claimed_ago(alice, now, lag_ms / 1000)
@@ -193,10 +192,9 @@ def test_catching_up_starts_past_the_lag_threshold_and_claims_nothing_ahead(
     set_times(overdue, due_at=now - timedelta(seconds=3))
     set_times(ahead, due_at=now + timedelta(milliseconds=500))
     result, published = sweep(monkeypatch)
-    assert result.catching_up is catching_up and result.lag == lag_ms / 1000
-    expected = [overdue] if catching_up else [overdue, ahead]
-    assert sorted(pid for pid, _ in published.items()) == sorted(expected)
-    assert Payment.objects.get(pk=ahead).status == ("PENDING" if catching_up else "QUEUED")
+    assert result.lag == lag_ms / 1000 and not result.backpressure
+    assert sorted(pid for pid, _ in published.items()) == sorted([overdue, ahead])
+    assert Payment.objects.get(pk=ahead).status == "QUEUED"
 
 
 def test_executors_behind_hold_the_sweep_back(alice, monkeypatch, settings, frozen_clock):

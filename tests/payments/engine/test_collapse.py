@@ -1,0 +1,236 @@
+"""The executor's collapse: one message runs its partition's due backlog as one batch.
+
+A chunk handed to ``execute_chunk`` with its ``partition`` also runs every
+other QUEUED payment of that partition that is due by the database clock and
+not locked elsewhere (``locks.lock_due_queued``, SKIP LOCKED), up to
+``PAYMENT_CHUNK_SIZE``. These tests pin what that may and may not take:
+never a payment not yet due, never one of another partition, never a stale
+item of the chunk itself; each payment still moves money once, and the
+messages that find their payments done write nothing.
+"""
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connection, transaction
+
+from ledger.models import Account, Hold, JournalEntry
+from ledger.reconciliation import reconcile
+from payments import services, tasks
+from payments.clock import db_now
+from payments.engine import executor
+from payments.exceptions import PaymentNotCancellable
+from payments.models import Payment, PaymentAttempt, PaymentEvent
+from tests.factories import AccountFactory, UserFactory
+from tests.payments.helpers import bulk_schedule, claim_batch, make_due, sweep
+
+pytestmark = pytest.mark.django_db
+
+
+def schedule(client, n=1, **overrides):
+    return [client.schedule(**overrides).json()["payment_id"] for _ in range(n)]
+
+
+def claimed(client, n, monkeypatch):
+    """``n`` due payments of ``client``, claimed: one message each (as a steady
+    flow is published), returned as (messages, partition)."""
+    ids = schedule(client, n, amount=10)
+    make_due(*ids)
+    _, published = sweep(monkeypatch)
+    items = published.items()
+    partition = Payment.objects.get(pk=ids[0]).partition
+    return [[item] for item in items], partition
+
+
+def entries(ids):
+    return JournalEntry.objects.filter(reference__in=[f"payment:{p}" for p in ids]).count()
+
+
+def test_a_lone_payment_goes_out_alone_at_once(alice, monkeypatch):
+    (message,), partition = claimed(alice, 1, monkeypatch)
+    outcome = executor.execute_chunk(message, partition=partition)
+    assert outcome.completed == [message[0][0]] and outcome.collapsed == []
+
+
+def test_the_first_message_runs_the_partitions_due_backlog_the_rest_find_it_done(
+    alice, monkeypatch
+):
+    messages, partition = claimed(alice, 5, monkeypatch)
+    ids = [m[0][0] for m in messages]
+    first = executor.execute_chunk(messages[0], partition=partition)
+    assert sorted(first.completed) == sorted(ids)
+    assert sorted(first.collapsed) == sorted(ids[1:])
+    for message in messages[1:]:  # each later message: its payment is done, nothing written
+        before = (PaymentAttempt.objects.count(), PaymentEvent.objects.count())
+        later = executor.execute_chunk(message, partition=partition)
+        assert later.completed == [] and later.stale == [message[0][0]]
+        assert (PaymentAttempt.objects.count(), PaymentEvent.objects.count()) == before
+    assert entries(ids) == 5
+    for pid in ids:  # each ran under its own claim's fence, once
+        payment = Payment.objects.get(pk=pid)
+        attempt = PaymentAttempt.objects.get(payment=payment)
+        assert payment.status == "COMPLETED" and attempt.fence == payment.fence == 1
+        assert attempt.outcome == "succeeded"
+    assert Account.objects.get(pk=alice.account.pk).held == 0
+    assert reconcile().ok
+
+
+def test_without_a_partition_only_the_chunk_runs(alice, monkeypatch):
+    """The operator's execute-now (and any message from before the collapse)."""
+    messages, _ = claimed(alice, 3, monkeypatch)
+    outcome = executor.execute_chunk(messages[0])
+    assert outcome.completed == [messages[0][0][0]] and outcome.collapsed == []
+    assert Payment.objects.filter(status="QUEUED").count() == 2
+
+
+def test_nothing_not_yet_due_and_nothing_of_another_partition_is_collapsed(alice, monkeypatch):
+    messages, partition = claimed(alice, 4, monkeypatch)
+    _, later, other, gone = (m[0][0] for m in messages)
+    soon = db_now() + timedelta(seconds=30)
+    Payment.objects.filter(pk=later).update(due_at=soon, run_at=soon)
+    Payment.objects.filter(pk=other).update(partition=(partition + 1) % 16)
+    Payment.objects.filter(pk=gone).update(status="PENDING", lease_expires_at=None)
+    outcome = executor.execute_chunk(messages[0], partition=partition)
+    assert outcome.completed == [messages[0][0][0]] and outcome.collapsed == []
+    statuses = dict(Payment.objects.filter(pk__in=[later, other, gone]).values_list("pk", "status"))
+    assert {str(k): v for k, v in statuses.items()} == {
+        later: "QUEUED",
+        other: "QUEUED",
+        gone: "PENDING",
+    }
+    assert entries([later, other, gone]) == 0
+
+
+def test_a_stale_item_of_the_chunk_is_not_run_by_its_own_collapse(alice, monkeypatch):
+    """(pid, old fence) in the message, the payment QUEUED again under a newer
+    fence (reaped and re-claimed): the old message must not run it, not even as
+    a collapsed extra; its current message will."""
+    messages, partition = claimed(alice, 1, monkeypatch)
+    ((pid, fence),) = messages[0]
+    Payment.objects.filter(pk=pid).update(fence=fence + 1)
+    outcome = executor.execute_chunk(messages[0], partition=partition)
+    assert outcome.stale == [pid] and outcome.completed == outcome.collapsed == []
+    assert Payment.objects.get(pk=pid).status == "QUEUED"
+    current = executor.execute_chunk([(pid, fence + 1)], partition=partition)
+    assert current.completed == [pid]
+    assert entries([pid]) == 1
+
+
+def test_a_batch_never_grows_past_the_chunk_size(alice, monkeypatch, settings):
+    settings.PAYMENT_CHUNK_SIZE = 3
+    messages, partition = claimed(alice, 5, monkeypatch)
+    first = executor.execute_chunk(messages[0], partition=partition)
+    assert len(first.completed) == 3 and len(first.collapsed) == 2
+    second = executor.execute_chunk(messages[4], partition=partition)
+    assert len(second.completed) == 2  # the two left, whether its own was one of them or not
+    assert Payment.objects.filter(status="COMPLETED").count() == 5
+
+
+def test_a_business_failure_in_a_collapsed_batch_fails_only_that_payment(alice, monkeypatch):
+    messages, partition = claimed(alice, 3, monkeypatch)
+    ids = [m[0][0] for m in messages]
+    doomed = Payment.objects.get(pk=ids[2])
+    Hold.objects.filter(pk=doomed.hold_id).update(status="released")  # hold gone
+    outcome = executor.execute_chunk(messages[0], partition=partition)
+    assert sorted(outcome.completed) == sorted(ids[:2]) and outcome.failed == [ids[2]]
+    assert Payment.objects.get(pk=ids[2]).status == "FAILED"
+    assert entries(ids) == 2
+
+
+def test_a_batch_that_dies_midway_leaves_every_payment_queued_for_the_next(alice, monkeypatch):
+    """A worker killed (or a database error) after the collapse took its extras,
+    before commit: the transaction rolls back, nothing of the batch is written —
+    not the chunk's payments and not the collapsed ones — and the next message
+    of the partition runs them all, once."""
+    messages, partition = claimed(alice, 4, monkeypatch)
+    ids = [m[0][0] for m in messages]
+    calls = []
+
+    def die(*args, **kwargs):
+        calls.append(1)
+        raise OSError("worker lost")
+
+    monkeypatch.setattr(executor.LedgerBatch, "flush", die)
+    with pytest.raises(OSError):
+        executor.execute_chunk(messages[0], partition=partition)
+    assert calls == [1]
+    monkeypatch.undo()
+    assert set(Payment.objects.filter(pk__in=ids).values_list("status", flat=True)) == {"QUEUED"}
+    assert entries(ids) == 0 and PaymentAttempt.objects.count() == 0
+    outcome = executor.execute_chunk(messages[3], partition=partition)
+    assert sorted(outcome.completed) == sorted(ids)
+    assert entries(ids) == 4 and reconcile().ok
+
+
+def test_the_task_passes_its_partition_to_the_executor(alice, monkeypatch):
+    messages, partition = claimed(alice, 3, monkeypatch)
+    outcome = tasks.execute_chunk([list(messages[0][0])], partition=partition)
+    assert outcome == {"completed": 3, "failed": 0, "stale": 0}
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_cancels_racing_a_collapsed_batch_are_one_or_the_other():
+    """Each trial: a message for payment ``a`` whose batch would collapse ``b``
+    in, while a client cancels ``b``. Either the cancel wins (it held the row
+    lock first: SKIP LOCKED leaves ``b`` out; CANCELLED, hold released, no
+    entry) or the batch does (COMPLETED, and the cancel is refused naming it)
+    — never both, never neither, and the answer the client got is the truth."""
+    trials = 30
+    owner = UserFactory()
+    source = AccountFactory(owner=owner, funded=100_000).pk
+    target = AccountFactory().pk
+    ids = bulk_schedule(
+        sources=[source], targets=[target], count=2 * trials, amount=10, due_at=db_now()
+    )
+    with transaction.atomic():
+        fences = {c.payment_id: c.fence for c in claim_batch(2 * trials, 0.0)}
+    partition = Payment.objects.get(pk=ids[0]).partition
+    answers, errors, outcomes = {}, [], {"CANCELLED": 0, "COMPLETED": 0}
+    for a, b in zip(ids[::2], ids[1::2], strict=True):
+        barrier = threading.Barrier(2)
+
+        def execute(a=a, barrier=barrier):
+            try:
+                barrier.wait()
+                executor.execute_chunk([(a, fences[a])], partition=partition)
+            except Exception as exc:
+                errors.append(exc)
+            finally:
+                connection.close()
+
+        def cancel(b=b, barrier=barrier):
+            try:
+                barrier.wait()
+                payment = services.payment_cancel(payment_id=b, client=owner, actor_user=owner)
+                answers[b] = ("cancelled", payment.status)
+            except PaymentNotCancellable as exc:
+                answers[b] = ("refused", exc.details["status"])
+            except Exception as exc:
+                errors.append(exc)
+            finally:
+                connection.close()
+
+        threads = [threading.Thread(target=execute), threading.Thread(target=cancel)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert Payment.objects.get(pk=a).status == "COMPLETED"
+        payment = Payment.objects.get(pk=b)
+        hold = Hold.objects.get(pk=payment.hold_id)
+        if payment.status == "CANCELLED":
+            assert answers.get(b) == ("cancelled", "CANCELLED")
+            assert (entries([b]), hold.status) == (0, "released")
+        else:
+            # the batch took b before the cancel locked it
+            assert payment.status == "COMPLETED", payment.status
+            assert answers.get(b) == ("refused", "COMPLETED")
+            assert (entries([b]), hold.status) == (1, "captured")
+        outcomes[payment.status] += 1
+    assert errors == []
+    assert Account.objects.get(pk=target).balance == 10 * (trials + outcomes["COMPLETED"])
+    assert Account.objects.get(pk=source).held == 0
+    assert reconcile().ok
+    print(outcomes)
