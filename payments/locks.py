@@ -45,15 +45,23 @@ def lock_due_queued(
     partition: int, *, now: datetime, limit: int, exclude: Iterable[str] = ()
 ) -> list[Payment]:
     """Lock up to ``limit`` more QUEUED payments of ``partition`` that are due at
-    ``now`` (database clock), oldest due first — the executor's collapse.
+    ``now`` (database clock) and whose lease is live, oldest due first — the
+    executor's collapse (DESIGN §4.1).
 
     ``SKIP LOCKED``: a row another executor (or a cancel) holds is left to it,
-    never waited for. ``exclude`` are the chunk's own ids, locked already.
-    One range of the partial index on QUEUED ``(partition, due_at)``.
+    never waited for. ``exclude`` are the chunk's own ids, locked already. An
+    expired lease is the reaper's (as is the operator's execute-now claim,
+    whose lease ends at once: its own call runs it). One range of the partial
+    index on QUEUED ``(partition, due_at)``.
     """
     return list(
         Payment.objects.select_for_update(no_key=True, skip_locked=True, of=("self",))
-        .filter(status=PaymentStatus.QUEUED, partition=partition, due_at__lte=now)
+        .filter(
+            status=PaymentStatus.QUEUED,
+            partition=partition,
+            due_at__lte=now,
+            lease_expires_at__gt=now,
+        )
         .exclude(pk__in=list(exclude))
         .order_by("due_at")[:limit]
     )

@@ -102,6 +102,14 @@ def test_nothing_not_yet_due_and_nothing_of_another_partition_is_collapsed(alice
     assert entries([later, other, gone]) == 0
 
 
+def test_a_payment_whose_lease_ran_out_is_left_to_the_reaper(alice, monkeypatch):
+    messages, partition = claimed(alice, 2, monkeypatch)
+    expired = messages[1][0][0]
+    Payment.objects.filter(pk=expired).update(lease_expires_at=db_now() - timedelta(seconds=1))
+    outcome = executor.execute_chunk(messages[0], partition=partition)
+    assert outcome.collapsed == [] and Payment.objects.get(pk=expired).status == "QUEUED"
+
+
 def test_a_stale_item_of_the_chunk_is_not_run_by_its_own_collapse(alice, monkeypatch):
     """(pid, old fence) in the message, the payment QUEUED again under a newer
     fence (reaped and re-claimed): the old message must not run it, not even as
