@@ -18,7 +18,7 @@ SQLite (the embedded default) ignores these clauses: it has one writer at a time
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from datetime import datetime
 
 from django.contrib.auth import get_user_model
@@ -42,9 +42,9 @@ def lock_payments(payment_ids: Iterable[str]) -> list[Payment]:
 
 
 def lock_due_queued(
-    partition: int, *, now: datetime, limit: int, exclude: Iterable[str] = ()
+    partitions: Collection[int], *, now: datetime, limit: int, exclude: Iterable[str] = ()
 ) -> list[Payment]:
-    """Lock up to ``limit`` more QUEUED payments of ``partition`` that are due at
+    """Lock up to ``limit`` more QUEUED payments of ``partitions`` that are due at
     ``now`` (database clock) and whose lease is live, oldest due first — the
     executor's collapse (DESIGN §4.1).
 
@@ -58,7 +58,7 @@ def lock_due_queued(
         Payment.objects.select_for_update(no_key=True, skip_locked=True, of=("self",))
         .filter(
             status=PaymentStatus.QUEUED,
-            partition=partition,
+            partition__in=list(partitions),
             due_at__lte=now,
             lease_expires_at__gt=now,
         )

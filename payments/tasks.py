@@ -43,15 +43,16 @@ def backoff_seconds(retries: int) -> float:
 
 
 def publish_chunks(chunks: list[sweeper.Chunk], now: datetime) -> int:
-    """One ``execute_chunk`` message per chunk, on its partition's queue, with a
-    countdown to the chunk's due time (database clock ``now``); returns how many."""
-    for partition, eta, claims in chunks:
-        options = {"queue": routing.queue_name(partition)}
+    """One ``execute_chunk`` message per chunk, on the queue of its first
+    partition, with a countdown to the chunk's due time (database clock
+    ``now``); returns how many."""
+    for partitions, eta, claims in chunks:
+        options = {"queue": routing.queue_name(partitions[0])}
         if eta > now:
             options["countdown"] = (eta - now).total_seconds()
         execute_chunk.apply_async(
             args=[[[c.payment_id, c.fence] for c in claims]],
-            kwargs={"partition": partition},
+            kwargs={"partitions": list(partitions)},
             **options,
         )
     return len(chunks)
@@ -65,7 +66,7 @@ def republish_not_due(items: list[tuple[str, int, datetime]]) -> None:
         partition = partitions.get(pid, 0)
         execute_chunk.apply_async(
             args=[[[pid, fence]]],
-            kwargs={"partition": partition},
+            kwargs={"partitions": [partition]},
             queue=routing.queue_name(partition),
             countdown=max((due_at - now).total_seconds(), 0.0),
         )
@@ -98,11 +99,13 @@ def publish_webhook_events(sender, event_ids: list[str], **kwargs) -> None:
     max_retries=None,
     ignore_result=True,
 )
-def execute_chunk(self, items: list[list], partition: int | None = None) -> dict:
-    """Run a chunk and, with ``partition`` (every message the sweeper sends),
-    whatever else of that partition is due and QUEUED (``engine.executor``)."""
+def execute_chunk(self, items: list[list], partitions: list[int] | None = None) -> dict:
+    """Run a chunk and, with ``partitions`` (every message the sweeper sends),
+    whatever else of those partitions is due and QUEUED (``engine.executor``)."""
     try:
-        result = executor.execute_chunk([(pid, fence) for pid, fence in items], partition=partition)
+        result = executor.execute_chunk(
+            [(pid, fence) for pid, fence in items], partitions=partitions or ()
+        )
     except TRANSIENT as exc:
         metrics.chunk_retries.labels(error_class=type(exc).__name__).inc()
         retries = self.request.retries
@@ -114,10 +117,11 @@ def execute_chunk(self, items: list[list], partition: int | None = None) -> dict
         if len(items) > 1:
             metrics.chunk_splits.inc()
             half = len(items) // 2
+            partition = (partitions or [None])[0]
             if partition is None:
                 partition = selectors.partitions_of([items[0][0]]).get(items[0][0], 0)
-            # The halves run only their own items: collapsing the partition's
-            # backlog into them is what kept failing, maybe.
+            # The halves run only their own items (no collapse): one of them
+            # holds what kept failing, and the split is to find which.
             for part in (items[:half], items[half:]):
                 execute_chunk.apply_async(args=[part], queue=routing.queue_name(partition))
             logger.warning("chunk of %s kept failing; split in two", len(items))

@@ -2,7 +2,7 @@
 
 Runs on the payment workers (``payments.execute_chunk``).
 
-For a chunk of ``(payment id, fence)`` pairs of one partition:
+For a chunk of ``(payment id, fence)`` pairs (and the partitions it holds):
 
 1. lock the payment rows (id order); keep those still QUEUED *with the same
    fence* — anything else is a stale or duplicate delivery (or a payment an
@@ -10,14 +10,15 @@ For a chunk of ``(payment id, fence)`` pairs of one partition:
 2. any not yet due by the database clock are left QUEUED and handed back to
    be re-published with a countdown (a payment never runs early);
 3. **collapse**: fill the batch up to ``PAYMENT_CHUNK_SIZE`` with every other
-   QUEUED payment of the partition that is due by the database clock and not
-   locked by anyone else (``SKIP LOCKED``). A lone payment still goes out
-   alone at once; when messages queue up behind busy workers, the first one
-   taken runs the whole partition's due backlog as one batch and the rest
-   find their payments done — so the cost per payment falls as load rises,
-   instead of one ~15-statement transaction per payment, with no mode to
-   switch. Any QUEUED payment may run this way: QUEUED under a row lock is
-   what makes it runnable; the fence only tells a message's own items apart;
+   QUEUED payment of the chunk's partitions that is due by the database clock,
+   whose lease is live and that nobody else has locked (``SKIP LOCKED``). A
+   lone payment still goes out alone at once; when messages queue up behind
+   busy workers, the first one taken runs its partitions' due backlog as one
+   batch and the rest find their payments done — so the cost per payment
+   falls as load rises, instead of one ~15-statement transaction per payment,
+   with no mode to switch. Any QUEUED payment may run this way: QUEUED under
+   a row lock is what makes it runnable; the fence only tells a message's own
+   items apart;
 4. lock every involved account in ascending id order (``LedgerBatch``) and
    the holds, apply each transfer capturing its hold; a payment that breaks a
    business rule (account frozen, hold gone…) is FAILED with its hold
@@ -36,6 +37,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -74,13 +76,16 @@ class ChunkResult:
 
 
 def execute_chunk(
-    items: list[tuple[str, int]], *, partition: int | None = None, worker: str | None = None
+    items: list[tuple[str, int]],
+    *,
+    partitions: Collection[int] = (),
+    worker: str | None = None,
 ) -> ChunkResult:
     """Execute the due payments of a chunk; see the module docstring. Owns its transaction.
 
-    With ``partition`` the batch collapses the partition's other due QUEUED
-    payments into it (step 3); without (the operator's execute-now), only the
-    chunk's own payments run.
+    With ``partitions`` the batch collapses their other due QUEUED payments
+    into it (step 3); without (the operator's execute-now), only the chunk's
+    own payments run.
     """
     worker = worker or worker_name()
     fences = {str(pid): int(fence) for pid, fence in items}
@@ -103,8 +108,8 @@ def execute_chunk(
                 continue
             due.append(payment)
         room = settings.PAYMENT_CHUNK_SIZE - len(due)
-        if partition is not None and room > 0:
-            more = locks.lock_due_queued(partition, now=now, limit=room, exclude=fences)
+        if partitions and room > 0:
+            more = locks.lock_due_queued(partitions, now=now, limit=room, exclude=fences)
             result.collapsed.extend(str(p.pk) for p in more)
             due.extend(more)
         if due:

@@ -4,8 +4,8 @@ PostgreSQL holds every timer; Redis only carries "this chunk is due" hints.
 ``sweep_due`` claims due PENDING rows in one statement
 (``transitions.claim_due``: ``FOR NO KEY UPDATE SKIP LOCKED``, so several
 sweepers never claim the same row), which sets them QUEUED with a new fence
-and a lease; it commits, then hands the claims, grouped into one chunk per
-(partition, due time), to ``publish`` — ``payments.tasks`` sends one message
+and a lease; it commits, then hands the claims, cut into chunks by due time and
+size (``chunk_claims``), to ``publish`` — ``payments.tasks`` sends one message
 per chunk with an ETA at its due time. Due-ness is decided by the database
 clock. Runs on the timer worker (``payments.sweep``, every second).
 """
@@ -28,6 +28,9 @@ from ..transitions import Claimed, claim_due
 logger = logging.getLogger(__name__)
 
 
+Chunk = tuple[tuple[int, ...], datetime, list[Claimed]]  # (partitions, eta, claims)
+
+
 @dataclass
 class SweepResult:
     claimed: int = 0
@@ -39,38 +42,58 @@ class SweepResult:
     batch_sizes: list[int] = field(default_factory=list)
 
 
-def chunk_claims(
-    claims: list[Claimed], now: datetime | None = None
-) -> list[tuple[int, datetime, list[Claimed]]]:
-    """Group claims into (partition, eta, chunk): same partition, due close together.
+def chunk_claims(claims: list[Claimed], now: datetime | None = None) -> list[Chunk]:
+    """Cut claims into chunks, one message each: (partitions, eta, claims).
 
-    A chunk holds at most ``PAYMENT_CHUNK_SIZE`` payments due within
-    ``PAYMENT_CHUNK_SPREAD_MS`` of each other; its ETA is its latest due time,
-    so no payment in it is attempted early and none waits more than the spread.
-    Payments already due at ``now`` wait for no one, so the spread does not
-    split them: a backlog (the executors fell behind) is claimed in full-size
-    chunks, and the executors catch up at their batched rate instead of
-    paying one message per payment.
+    First by time: a window holds the claims due within
+    ``PAYMENT_CHUNK_SPREAD_MS`` of its first, whatever their partition; its
+    chunks' ETA is their latest due time, so no payment in them is attempted
+    early and none waits more than the spread. Payments already due at
+    ``now`` wait for no one, so the spread does not split them: a backlog
+    is claimed in full-size chunks.
+
+    Then by size, adapting to the load: within a window each partition's
+    claims stay together (up to ``PAYMENT_CHUNK_SIZE`` per chunk) and small
+    partitions share a chunk until it is full. At a trickle a window is one
+    message for every partition (one transaction for the lot, instead of one
+    ~15-statement transaction per payment); in a burst each chunk is one
+    partition's full chunk, so concurrent batches lock disjoint source
+    accounts. The executor collapses into a chunk the other due payments of
+    its partitions (``engine.executor``).
     """
     size = settings.PAYMENT_CHUNK_SIZE
     spread = timedelta(milliseconds=settings.PAYMENT_CHUNK_SPREAD_MS)
-    by_partition: dict[int, list[Claimed]] = {}
-    for claim in claims:
-        by_partition.setdefault(claim.partition, []).append(claim)
-    chunks = []
-    for partition, items in sorted(by_partition.items()):
-        items.sort(key=lambda c: c.due_at)
-        current: list[Claimed] = []
-        for claim in items:
-            waits = now is None or claim.due_at > now  # would hold the chunk back
-            if current and (
-                len(current) >= size or (waits and claim.due_at - current[0].due_at > spread)
-            ):
-                chunks.append((partition, current[-1].due_at, current))
-                current = []
-            current.append(claim)
-        if current:
-            chunks.append((partition, current[-1].due_at, current))
+    windows: list[list[Claimed]] = []
+    current: list[Claimed] = []
+    for claim in sorted(claims, key=lambda c: c.due_at):
+        waits = now is None or claim.due_at > now  # would hold the window back
+        if current and waits and claim.due_at - current[0].due_at > spread:
+            windows.append(current)
+            current = []
+        current.append(claim)
+    if current:
+        windows.append(current)
+    chunks: list[Chunk] = []
+
+    def close(batch: list[Claimed]) -> None:
+        if batch:
+            partitions = tuple(sorted({c.partition for c in batch}))
+            chunks.append((partitions, max(c.due_at for c in batch), batch))
+
+    for window in windows:
+        by_partition: dict[int, list[Claimed]] = {}
+        for claim in window:
+            by_partition.setdefault(claim.partition, []).append(claim)
+        batch: list[Claimed] = []
+        for partition in sorted(by_partition):
+            group = by_partition[partition]
+            for start in range(0, len(group), size):
+                piece = group[start : start + size]
+                if len(batch) + len(piece) > size:
+                    close(batch)
+                    batch = []
+                batch.extend(piece)
+        close(batch)
     return chunks
 
 
@@ -144,9 +167,6 @@ def executor_state() -> ExecutorState:
         lag = max((now - max(claimed_at, run_at)).total_seconds(), 0.0)
     half_lease = timedelta(seconds=settings.PAYMENT_LEASE_SECONDS / 2)
     return ExecutorState(behind=remaining < half_lease, lag=lag)
-
-
-Chunk = tuple[int, datetime, list[Claimed]]  # (partition, eta, claims)
 
 
 def sweep_due(

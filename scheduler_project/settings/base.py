@@ -478,8 +478,12 @@ PAYMENT_SWEEP_BATCH = env.int("PAYMENT_SWEEP_BATCH", default=2000)
 # Payments per Celery message (one transaction in the executor).
 PAYMENT_CHUNK_SIZE = env.int("PAYMENT_CHUNK_SIZE", default=200)
 # Payments of one chunk are due within this spread; the chunk's ETA is its
-# latest due time, so this bounds the lateness chunking adds.
-PAYMENT_CHUNK_SPREAD_MS = env.int("PAYMENT_CHUNK_SPREAD_MS", default=50)
+# latest due time, so this bounds the lateness chunking adds. Within it the
+# claims of every partition share chunks up to PAYMENT_CHUNK_SIZE: the wider
+# the spread, the fewer transactions a steady flow costs. 200 ms: at 150/s
+# (bench, 2 cores) worker CPU 8-13 s per minute against 41 s with 50 ms and
+# a chunk per partition, lateness p99 0.21 s against 0.6 s.
+PAYMENT_CHUNK_SPREAD_MS = env.int("PAYMENT_CHUNK_SPREAD_MS", default=200)
 # How long a QUEUED payment may wait for a worker before the reaper returns it
 # to PENDING with a new fence (worker died, message lost, Redis flushed).
 PAYMENT_LEASE_SECONDS = env.int("PAYMENT_LEASE_SECONDS", default=60)

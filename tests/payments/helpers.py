@@ -20,7 +20,7 @@ def make_due(*payment_ids, seconds_ago=1):
 
 class Published(list):
     """Messages the sweeper would have sent: (queue, items, countdown); the
-    ``partition`` argument of each is in ``partitions``, in the same order."""
+    ``partitions`` argument of each is in ``partitions``, in the same order."""
 
     def __init__(self):
         super().__init__()
@@ -48,7 +48,7 @@ def capture_publish(monkeypatch) -> Published:
 
     def fake_apply_async(args, queue, countdown=None, kwargs=None, **options):
         published.append((queue, args[0], countdown))
-        published.partitions.append((kwargs or {}).get("partition"))
+        published.partitions.append((kwargs or {}).get("partitions"))
 
     monkeypatch.setattr(tasks.execute_chunk, "apply_async", fake_apply_async)
     return published

@@ -49,7 +49,7 @@ def entries(ids):
 
 def test_a_lone_payment_goes_out_alone_at_once(alice, monkeypatch):
     (message,), partition = claimed(alice, 1, monkeypatch)
-    outcome = executor.execute_chunk(message, partition=partition)
+    outcome = executor.execute_chunk(message, partitions=[partition])
     assert outcome.completed == [message[0][0]] and outcome.collapsed == []
 
 
@@ -58,12 +58,12 @@ def test_the_first_message_runs_the_partitions_due_backlog_the_rest_find_it_done
 ):
     messages, partition = claimed(alice, 5, monkeypatch)
     ids = [m[0][0] for m in messages]
-    first = executor.execute_chunk(messages[0], partition=partition)
+    first = executor.execute_chunk(messages[0], partitions=[partition])
     assert sorted(first.completed) == sorted(ids)
     assert sorted(first.collapsed) == sorted(ids[1:])
     for message in messages[1:]:  # each later message: its payment is done, nothing written
         before = (PaymentAttempt.objects.count(), PaymentEvent.objects.count())
-        later = executor.execute_chunk(message, partition=partition)
+        later = executor.execute_chunk(message, partitions=[partition])
         assert later.completed == [] and later.stale == [message[0][0]]
         assert (PaymentAttempt.objects.count(), PaymentEvent.objects.count()) == before
     assert entries(ids) == 5
@@ -91,7 +91,7 @@ def test_nothing_not_yet_due_and_nothing_of_another_partition_is_collapsed(alice
     Payment.objects.filter(pk=later).update(due_at=soon, run_at=soon)
     Payment.objects.filter(pk=other).update(partition=(partition + 1) % 16)
     Payment.objects.filter(pk=gone).update(status="PENDING", lease_expires_at=None)
-    outcome = executor.execute_chunk(messages[0], partition=partition)
+    outcome = executor.execute_chunk(messages[0], partitions=[partition])
     assert outcome.completed == [messages[0][0][0]] and outcome.collapsed == []
     statuses = dict(Payment.objects.filter(pk__in=[later, other, gone]).values_list("pk", "status"))
     assert {str(k): v for k, v in statuses.items()} == {
@@ -106,7 +106,7 @@ def test_a_payment_whose_lease_ran_out_is_left_to_the_reaper(alice, monkeypatch)
     messages, partition = claimed(alice, 2, monkeypatch)
     expired = messages[1][0][0]
     Payment.objects.filter(pk=expired).update(lease_expires_at=db_now() - timedelta(seconds=1))
-    outcome = executor.execute_chunk(messages[0], partition=partition)
+    outcome = executor.execute_chunk(messages[0], partitions=[partition])
     assert outcome.collapsed == [] and Payment.objects.get(pk=expired).status == "QUEUED"
 
 
@@ -117,10 +117,10 @@ def test_a_stale_item_of_the_chunk_is_not_run_by_its_own_collapse(alice, monkeyp
     messages, partition = claimed(alice, 1, monkeypatch)
     ((pid, fence),) = messages[0]
     Payment.objects.filter(pk=pid).update(fence=fence + 1)
-    outcome = executor.execute_chunk(messages[0], partition=partition)
+    outcome = executor.execute_chunk(messages[0], partitions=[partition])
     assert outcome.stale == [pid] and outcome.completed == outcome.collapsed == []
     assert Payment.objects.get(pk=pid).status == "QUEUED"
-    current = executor.execute_chunk([(pid, fence + 1)], partition=partition)
+    current = executor.execute_chunk([(pid, fence + 1)], partitions=[partition])
     assert current.completed == [pid]
     assert entries([pid]) == 1
 
@@ -128,9 +128,9 @@ def test_a_stale_item_of_the_chunk_is_not_run_by_its_own_collapse(alice, monkeyp
 def test_a_batch_never_grows_past_the_chunk_size(alice, monkeypatch, settings):
     settings.PAYMENT_CHUNK_SIZE = 3
     messages, partition = claimed(alice, 5, monkeypatch)
-    first = executor.execute_chunk(messages[0], partition=partition)
+    first = executor.execute_chunk(messages[0], partitions=[partition])
     assert len(first.completed) == 3 and len(first.collapsed) == 2
-    second = executor.execute_chunk(messages[4], partition=partition)
+    second = executor.execute_chunk(messages[4], partitions=[partition])
     assert len(second.completed) == 2  # the two left, whether its own was one of them or not
     assert Payment.objects.filter(status="COMPLETED").count() == 5
 
@@ -140,7 +140,7 @@ def test_a_business_failure_in_a_collapsed_batch_fails_only_that_payment(alice, 
     ids = [m[0][0] for m in messages]
     doomed = Payment.objects.get(pk=ids[2])
     Hold.objects.filter(pk=doomed.hold_id).update(status="released")  # hold gone
-    outcome = executor.execute_chunk(messages[0], partition=partition)
+    outcome = executor.execute_chunk(messages[0], partitions=[partition])
     assert sorted(outcome.completed) == sorted(ids[:2]) and outcome.failed == [ids[2]]
     assert Payment.objects.get(pk=ids[2]).status == "FAILED"
     assert entries(ids) == 2
@@ -161,19 +161,19 @@ def test_a_batch_that_dies_midway_leaves_every_payment_queued_for_the_next(alice
 
     monkeypatch.setattr(executor.LedgerBatch, "flush", die)
     with pytest.raises(OSError):
-        executor.execute_chunk(messages[0], partition=partition)
+        executor.execute_chunk(messages[0], partitions=[partition])
     assert calls == [1]
     monkeypatch.undo()
     assert set(Payment.objects.filter(pk__in=ids).values_list("status", flat=True)) == {"QUEUED"}
     assert entries(ids) == 0 and PaymentAttempt.objects.count() == 0
-    outcome = executor.execute_chunk(messages[3], partition=partition)
+    outcome = executor.execute_chunk(messages[3], partitions=[partition])
     assert sorted(outcome.completed) == sorted(ids)
     assert entries(ids) == 4 and reconcile().ok
 
 
 def test_the_task_passes_its_partition_to_the_executor(alice, monkeypatch):
     messages, partition = claimed(alice, 3, monkeypatch)
-    outcome = tasks.execute_chunk([list(messages[0][0])], partition=partition)
+    outcome = tasks.execute_chunk([list(messages[0][0])], partitions=[partition])
     assert outcome == {"completed": 3, "failed": 0, "stale": 0}
 
 
@@ -202,7 +202,7 @@ def test_cancels_racing_a_collapsed_batch_are_one_or_the_other():
         def execute(a=a, barrier=barrier):
             try:
                 barrier.wait()
-                executor.execute_chunk([(a, fences[a])], partition=partition)
+                executor.execute_chunk([(a, fences[a])], partitions=[partition])
             except Exception as exc:
                 errors.append(exc)
             finally:

@@ -81,11 +81,12 @@ def test_chunking_by_partition_size_and_spread(settings):
     chunks = [
         (p, eta, [c.payment_id for c in chunk]) for p, eta, chunk in sweeper.chunk_claims(claims)
     ]
+    # a, b, c and e are due within the spread: one window, cut at the size with
+    # partition 0's claims first; d is a window of its own
     assert chunks == [
-        (0, t0 + timedelta(milliseconds=10), ["a", "b"]),
-        (0, t0 + timedelta(milliseconds=20), ["c"]),
-        (0, t0 + timedelta(milliseconds=500), ["d"]),
-        (3, t0, ["e"]),
+        ((0,), t0 + timedelta(milliseconds=10), ["a", "b"]),
+        ((0, 3), t0 + timedelta(milliseconds=20), ["c", "e"]),
+        ((0,), t0 + timedelta(milliseconds=500), ["d"]),
     ]
 
 
@@ -157,7 +158,7 @@ def test_lagging_executors_change_nothing_the_sweeper_claims(alice, monkeypatch,
     assert sorted(p for p, _ in published.items()) == sorted(overdue + ahead)
     # overdue in one chunk; the two ahead 200 ms apart: one chunk each
     assert result.messages == 3
-    assert published.partitions == [Payment.objects.get(pk=waiting).partition] * 3
+    assert published.partitions == [[Payment.objects.get(pk=waiting).partition]] * 3
 
 
 def test_backpressure_stops_claiming(alice, monkeypatch, settings):

@@ -283,21 +283,61 @@ def test_chunks_close_at_the_size_and_past_the_spread(settings):
     claims = [
         transitions.Claimed("b3", 1, 5, at(100)),  # 50 ms after the chunk's first: same chunk
         transitions.Claimed("b1", 1, 5, at(50)),
-        transitions.Claimed("b4", 1, 5, at(101)),  # the fourth: a new chunk
+        transitions.Claimed("b4", 1, 5, at(101)),  # 51 ms after b1: a new chunk
         transitions.Claimed("b2", 1, 5, at(60)),
         transitions.Claimed("c1", 1, 5, at(152)),  # 51 ms after b4: a new chunk
         transitions.Claimed("a1", 1, 1, at(0)),  # due exactly now: waits for no one
         transitions.Claimed("a0", 1, 1, at(-1000)),
     ]
     chunks = [
-        (partition, eta, [c.payment_id for c in chunk])
-        for partition, eta, chunk in sweeper.chunk_claims(claims, now)
+        (partitions, eta, [c.payment_id for c in chunk])
+        for partitions, eta, chunk in sweeper.chunk_claims(claims, now)
     ]
     assert chunks == [
-        (1, at(0), ["a0", "a1"]),
-        (5, at(100), ["b1", "b2", "b3"]),
-        (5, at(101), ["b4"]),
-        (5, at(152), ["c1"]),
+        ((1,), at(0), ["a0", "a1"]),
+        ((5,), at(100), ["b1", "b2", "b3"]),
+        ((5,), at(101), ["b4"]),
+        ((5,), at(152), ["c1"]),
+    ]
+
+
+def test_chunks_adapt_to_the_load_small_partitions_share_full_ones_stand_alone(settings):
+    """At a trickle one window is one message for every partition in it; in a
+    burst each partition's claims fill chunks of their own (concurrent batches
+    then lock disjoint source accounts); a partition's claims are kept together
+    and a chunk is never over the size."""
+    settings.PAYMENT_CHUNK_SIZE = 4
+    settings.PAYMENT_CHUNK_SPREAD_MS = 200
+    now = timezone.now()
+
+    def at(ms):
+        return now + timedelta(milliseconds=ms)
+
+    def cut(claims):
+        return [
+            (partitions, eta, [c.payment_id for c in chunk])
+            for partitions, eta, chunk in sweeper.chunk_claims(claims, now)
+        ]
+
+    trickle = [transitions.Claimed(f"t{p}", 1, p, at(10 * p)) for p in (9, 2, 14)]
+    assert cut(trickle) == [((2, 9, 14), at(140), ["t2", "t9", "t14"])]
+    burst = [transitions.Claimed(f"{p}-{i}", 1, p, at(-100)) for p in (3, 1) for i in range(4)]
+    assert cut(burst) == [
+        ((1,), at(-100), ["1-0", "1-1", "1-2", "1-3"]),
+        ((3,), at(-100), ["3-0", "3-1", "3-2", "3-3"]),
+    ]
+    mixed = [transitions.Claimed(f"{p}-{i}", 1, p, at(5)) for p in (1, 2, 7) for i in range(3)]
+    mixed += [transitions.Claimed("9-0", 1, 9, at(6))]
+    assert cut(mixed) == [
+        ((1,), at(5), ["1-0", "1-1", "1-2"]),
+        ((2,), at(5), ["2-0", "2-1", "2-2"]),
+        ((7, 9), at(6), ["7-0", "7-1", "7-2", "9-0"]),
+    ]
+    big = [transitions.Claimed(f"5-{i}", 1, 5, at(0)) for i in range(6)]
+    big += [transitions.Claimed("8-0", 1, 8, at(0))]
+    assert [ids for _, _, ids in cut(big)] == [
+        ["5-0", "5-1", "5-2", "5-3"],
+        ["5-4", "5-5", "8-0"],
     ]
 
 
