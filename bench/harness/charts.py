@@ -1,4 +1,4 @@
-"""The suite's PNG charts (drain progress, lateness CDFs, steady load, peers)."""
+"""The suite's PNG charts (drain progress, lateness CDFs, steady load, peers, capacity)."""
 
 from __future__ import annotations
 
@@ -85,4 +85,28 @@ def charts(results: dict, out: Path) -> list[str]:
         for ax in (left, right):
             ax.tick_params(axis="x", rotation=20)
         save(fig, "peers.png")
+
+    cap = results.get("capacity", {})
+    if cap.get("ours"):
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for key, label, marker in (
+            ("ours", "this service (API load throughout)", "o"),
+            ("peer", "Celery apply_async(eta=…) (no API load)", "s"),
+        ):
+            points = [
+                (s["rate_per_second"], s["lateness_seconds"]["p99"])
+                for s in cap.get(key, [])
+                if not s.get("skipped") and s["lateness_seconds"].get("p99") is not None
+            ]
+            if points:
+                xs, ys = zip(*points, strict=True)
+                # a lateness of 0 has no place on a log axis: floor at 1 ms
+                ax.plot(xs, [max(y, 0.001) for y in ys], marker=marker, label=label)
+        ax.axhline(1.0, color="grey", linestyle="--", linewidth=0.8, label="SLO p99 1 s")
+        ax.set_yscale("log")
+        ax.set_xlabel("due rate (payments/s)")
+        ax.set_ylabel("p99 lateness (s)")
+        ax.set_title("Capacity: p99 lateness by steady due rate")
+        ax.legend()
+        save(fig, "capacity_lateness.png")
     return made

@@ -26,24 +26,33 @@ def clock_timestamp() -> datetime:
         return cursor.fetchone()[0]
 
 
-def set_due_at(t0: datetime, rate: float | None = None) -> None:
-    """Make every payment due at ``t0`` (or from ``t0`` on at ``rate`` per second)."""
+def set_due_at(
+    t0: datetime, rate: float | None = None, *, only_due_at: datetime | None = None
+) -> None:
+    """Make every payment due at ``t0`` (or from ``t0`` on at ``rate`` per second);
+    with ``only_due_at``, only the payments now due at that instant (a placeholder
+    one batch was inserted with)."""
     from django.db import connection
 
+    where = "WHERE due_at = %(only)s" if only_due_at is not None else ""  # a constant
+    params = {"t0": t0, "rate": float(rate or 0), "only": only_due_at}
     with connection.cursor() as cursor:
         if rate is None:
-            cursor.execute("UPDATE payments_payment SET due_at = %s, run_at = %s", [t0, t0])
+            cursor.execute(
+                f"UPDATE payments_payment SET due_at = %(t0)s, run_at = %(t0)s {where}",
+                params,
+            )
         else:
             cursor.execute(
-                """
+                f"""
                 UPDATE payments_payment p
                    SET due_at = %(t0)s + make_interval(secs => (o.n - 1) / %(rate)s),
                        run_at = %(t0)s + make_interval(secs => (o.n - 1) / %(rate)s)
                   FROM (SELECT id, row_number() OVER (ORDER BY id) AS n
-                          FROM payments_payment) o
+                          FROM payments_payment {where}) o
                  WHERE p.id = o.id
                 """,
-                {"t0": t0, "rate": float(rate)},
+                params,
             )
         cursor.execute("VACUUM ANALYZE payments_payment")
 

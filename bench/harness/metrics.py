@@ -78,3 +78,52 @@ def postgres_cpu_since(before: dict[int, float]) -> float:
     """CPU the server's processes used since ``before`` (a backend that exited meanwhile
     is not counted: the services keep their connections, so that undercounts little)."""
     return sum(now - before.get(pid, 0.0) for pid, now in postgres_cpu().items())
+
+
+# ---------------------------------------------------------------- Prometheus
+def multiprocess_histogram(path: str, name: str) -> dict[float, float] | None:
+    """Cumulative bucket counts ``{upper bound: count}`` (``inf`` for ``+Inf``) of the
+    histogram ``name`` summed over every process that wrote to the multiprocess
+    directory ``path`` (the service's ``PROMETHEUS_MULTIPROC_DIR``); None when no
+    process has exported it."""
+    from prometheus_client import CollectorRegistry, multiprocess
+
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=path)
+    buckets: dict[float, float] = {}
+    for family in registry.collect():
+        if family.name != name:
+            continue
+        for sample in family.samples:
+            if sample.name == f"{name}_bucket":
+                le = float(sample.labels["le"])
+                buckets[le] = buckets.get(le, 0.0) + sample.value
+    return buckets or None
+
+
+def histogram_quantile_bound(
+    before: dict[float, float] | None, after: dict[float, float] | None, q: float
+) -> dict | None:
+    """The observations between two snapshots of a cumulative histogram: their count
+    and the upper bound of the bucket holding the ``q``-quantile (the quantile is
+    ≤ that bound; when it lies above the last finite bucket, ``le_seconds`` is None
+    and ``above_seconds`` that bucket's bound). None when the histogram is absent
+    from ``after``."""
+    import math
+
+    if after is None:
+        return None
+    before = before or {}
+    delta = {le: after[le] - before.get(le, 0.0) for le in sorted(after)}
+    total = delta.get(math.inf, max(delta.values(), default=0.0))
+    out: dict = {"observations": int(total), "quantile": q, "le_seconds": None}
+    if total <= 0:
+        return out
+    rank = math.ceil(q * total)
+    bound = next((le for le, count in delta.items() if count >= rank), math.inf)
+    if math.isinf(bound):
+        out["above_seconds"] = max((le for le in delta if not math.isinf(le)), default=None)
+    else:
+        out["le_seconds"] = bound
+    out["buckets"] = {("+Inf" if math.isinf(le) else f"{le:g}"): int(c) for le, c in delta.items()}
+    return out

@@ -100,7 +100,12 @@ def suite_markdown(report: dict) -> str:
     ]
     for row in report["targets"]:
         met = {True: "yes", False: "**no**", None: "n/a (smaller run)"}[row["met"]]
-        lines.append(f"| {row['target']} | {fmt(row['limit'])} | {fmt(row['value'])} | {met} |")
+        if row["met"] is None and row.get("note"):
+            met = "n/a"
+        note = f" ({row['note']})" if row.get("note") else ""
+        lines.append(
+            f"| {row['target']} | {fmt(row['limit'])} | {fmt(row['value'])}{note} | {met} |"
+        )
     for name in ("drain", "hot"):
         d = r.get(name)
         if not d or "error" in d:
@@ -184,6 +189,9 @@ def suite_markdown(report: dict) -> str:
                 "(the service also captures a hold, updates the payment and writes an attempt "
                 "and an event per payment)"
             )
+    cap = r.get("capacity")
+    if cap and "error" not in cap:
+        lines += capacity_markdown(cap)
     peers = r.get("peers")
     if peers and "error" not in peers:
         lines += ["", "## peers (same workload)", "", "```json", json.dumps(peers, indent=2), "```"]
@@ -193,3 +201,84 @@ def suite_markdown(report: dict) -> str:
         lines += [f"- {k}: {v}" for k, v in errors.items()]
     lines += ["", "## Charts", ""] + [f"![{c}]({c})" for c in report["charts"]]
     return "\n".join(lines) + "\n"
+
+
+def _sweep_bound(step: dict) -> str:
+    sweeps = step.get("sweep_interval")
+    if not sweeps:
+        return "-" if step.get("sweeps_in_window") is None else "not exported"
+    if sweeps.get("le_seconds") is not None:
+        return f"≤ {fmt(sweeps['le_seconds'])} s"
+    if sweeps.get("above_seconds") is not None:
+        return f"> {fmt(sweeps['above_seconds'])} s"
+    return "no sweeps"
+
+
+def capacity_markdown(cap: dict) -> list[str]:
+    """The capacity scenario: one row per step, this service's and the peer's."""
+    slo = cap["slo"]
+    api = cap["api_rates"]
+
+    def rate(value, at_least):
+        if value is None:
+            return "**none** (no step met it)"
+        return f"**{'≥ ' if at_least else ''}{fmt(value)}/s**"
+
+    lines = [
+        "",
+        f"## capacity: steady due rates, {fmt(cap['seconds_per_step'])} s per step",
+        "",
+        f"- capacity at SLO (p99 lateness ≤ {fmt(slo['p99_seconds'])} s and "
+        f"p50 ≤ {fmt(slo['p50_seconds'] * 1000)} ms): this service "
+        f"{rate(cap['capacity_at_slo'], cap.get('capacity_is_lower_bound'))}"
+        f" with the API taking {fmt(api['schedule'])} schedules/s + {fmt(api['status'])} status "
+        f"reads/s throughout; Celery `apply_async(eta=…)` peer "
+        f"{rate(cap['peer_capacity_at_slo'], cap.get('peer_capacity_is_lower_bound'))}"
+        " with no API load (it has no API)",
+        f"- worker `-c {cap['worker_concurrency']}` for both; after "
+        f"{slo['stop_after_failing_steps']} failing steps the higher ones are skipped",
+        "",
+        "| due rate (/s) | payments | lateness p50 / p95 / p99 (s) | SLO | schedule p95 (ms) "
+        "| status p95 (ms) | worker ms/payment | PostgreSQL ms/payment | executed (API's) "
+        "| open at window end / at timeout | sweep interval p99 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for step in cap["ours"]:
+        if step.get("skipped"):
+            lines.append(f"| {fmt(step['rate_per_second'])} | skipped |" + " |" * 9)
+            continue
+        lat, cpu = step["lateness_seconds"], step["cpu"]
+        lines.append(
+            f"| {fmt(step['rate_per_second'])} | {step['payments']:,} "
+            f"| {fmt(lat['p50'])} / {fmt(lat['p95'])} / {fmt(lat['p99'])} "
+            f"| {'met' if step['meets_slo'] else '**missed**'} "
+            f"| {fmt(step['schedule_p95_ms'])} | {fmt(step['status_p95_ms'])} "
+            f"| {fmt(cpu['worker_ms_per_payment'])} | {fmt(cpu['postgres_ms_per_payment'])} "
+            f"| {step['executed']:,} ({step['executed_api']:,}) "
+            f"| {step['open_at_window_end']:,} / {step['still_open_at_timeout']:,} "
+            f"| {_sweep_bound(step)} |"
+        )
+    lines += [
+        "",
+        "Celery ETA peer, same steps, no API load:",
+        "",
+        "| due rate (/s) | payments | lateness p50 / p95 / p99 (s) | SLO | executed "
+        "| duplicates | never ran (timeout) | worker ms/payment | published ahead (s) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for step in cap["peer"]:
+        if step.get("skipped"):
+            lines.append(f"| {fmt(step['rate_per_second'])} | skipped |" + " |" * 7)
+            continue
+        lat = step["lateness_seconds"]
+        lines.append(
+            f"| {fmt(step['rate_per_second'])} | {step['payments']:,} "
+            f"| {fmt(lat['p50'])} / {fmt(lat['p95'])} / {fmt(lat['p99'])} "
+            f"| {'met' if step['meets_slo'] else '**missed**'} | {step['executed']:,} "
+            f"| {step['duplicates']:,} | {step['censored']:,} "
+            f"| {fmt(step['cpu']['worker_ms_per_payment'])} "
+            f"| {fmt(step['setup_margin_seconds'])} |"
+        )
+    lines += ["", f"- checks: {json.dumps(cap['checks'])}"]
+    lines += [f"- {note}" for note in cap.get("notes", [])]
+    return lines

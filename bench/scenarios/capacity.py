@@ -1,0 +1,483 @@
+"""capacity: the highest steady due rate kept on time, this service's and Celery ETA tasks'.
+
+Steady due rates stepped up (default 100, 200, 350, 500, 750, 1000, 1500
+payments/s, each for 120 s; ``--capacity-steps``, ``--capacity-seconds``):
+
+- **this service**, started once for every step (payment worker ``-c N``, the
+  timer worker, beat, gunicorn 2 x 4) with ``PROMETHEUS_MULTIPROC_DIR`` set
+  to a fresh directory. Before each step, while the service is idle, the
+  step's ``rate x seconds`` payments are bulk-inserted due a day out and then
+  re-timed in one UPDATE to fall due evenly at ``rate`` over the step's window
+  ``[T0, T0 + seconds)``: no insert overlaps a measured window. Throughout the
+  window the API takes 50 schedules/s + 100 status reads/s through gunicorn
+  (``run_load``, as in ``steady``). A step is measured from T0 until no
+  payment is open (its own and the API's, whose delays reach 30 s past the
+  window) or ``--timeout``.
+- **the peer**, ``peer_tasks.peer_transfer.apply_async(eta=due_at)``: one
+  Celery task per payment, same worker concurrency, each step's messages
+  published before its T0, due at the same rate. No API load (the peer has
+  no API); measured from T0 until every payment ran and the broker is empty.
+
+Per step: lateness p50/p95/p99 of the step's own payments (``executed_at -
+due_at``, both database clock; a payment still open at the timeout counts
+with its lateness so far, a lower bound, and fails the step), API schedule
+and status p95 (ms), payment-worker and PostgreSQL CPU per executed payment
+(ms; every payment executed in the window, the API's included; PostgreSQL
+is every server process on the host, so it also carries the API's queries),
+executed and open counts, and the sweep interval p99: the upper bound of the
+bucket of the service's ``payments_sweep_interval_seconds`` histogram holding
+the 99th percentile of the step's observations ("≤ X s"), read from the
+multiprocess directory at T0 and at the step's end; null when the service
+does not export it.
+
+Capacity at SLO: the highest step with p99 ≤ 1 s and p50 ≤ 250 ms; after
+two failing steps the higher ones are skipped (ours and the peer's apart).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from bench.harness.api_load import create_client, run_load, start_web
+from bench.harness.checks import exactly_once_check, wait_terminal
+from bench.harness.clock import clock_timestamp, db_now, set_due_at
+from bench.harness.db import prepare
+from bench.harness.load import bulk_schedule, fund_accounts
+from bench.harness.metrics import (
+    histogram_quantile_bound,
+    multiprocess_histogram,
+    percentile,
+    postgres_cpu,
+    postgres_cpu_since,
+    summarize,
+    tree_cpu_seconds,
+)
+from bench.harness.processes import Service
+from bench.scenarios import peers
+
+DATABASE = "scheduler_bench_capacity"
+# Not 5-8 or 12 (the other scenarios) nor 1-14 (scripts/test picks one per checkout).
+REDIS_DB = 15
+WEB_PORT = 8767  # not api_load's default 8765: another scenario's gunicorn may hold it
+DEFAULT_STEPS = (100, 200, 350, 500, 750, 1000, 1500)
+DEFAULT_SECONDS = 120.0
+QUICK_STEPS = (50, 100)
+QUICK_SECONDS = 20.0
+SLO_P99_SECONDS = 1.0
+SLO_P50_SECONDS = 0.25
+STOP_AFTER_FAILING_STEPS = 2
+SWEEP_INTERVAL_METRIC = "payments_sweep_interval_seconds"
+# Exported since before this scenario: its count says the metrics directory works
+# even while the interval histogram is not there.
+SWEEP_DURATION_METRIC = "payments_sweep_duration_seconds"
+AMOUNT = 2
+ACCOUNTS = 500  # sources and as many targets (steady's shape)
+WARM_UP = 1.2  # run_load sends 1 s of warm-up schedules, then starts 0.2 s later
+WARM_UP_SECONDS = 5.0  # of API load before the first step (its payments run before it)
+
+
+def parse_steps(text: str | None, quick: bool) -> list[float]:
+    """``--capacity-steps`` (``"100,200"``) as sorted rates; the defaults when not given."""
+    if not text:
+        return [float(s) for s in (QUICK_STEPS if quick else DEFAULT_STEPS)]
+    return sorted(float(s) for s in text.split(",") if s.strip())
+
+
+def sleep_until(moment: float) -> None:
+    time.sleep(max(0.0, moment - time.monotonic()))
+
+
+def slo_met(lateness: dict, censored: int) -> bool:
+    return (
+        censored == 0
+        and lateness["count"] > 0
+        and lateness["p99"] <= SLO_P99_SECONDS
+        and lateness["p50"] <= SLO_P50_SECONDS
+    )
+
+
+def capacity_at_slo(steps: list[dict]) -> float | None:
+    """The highest step that met the SLO (None: none did)."""
+    return max((s["rate_per_second"] for s in steps if s.get("meets_slo")), default=None)
+
+
+def lower_bound(steps: list[dict], capacity: float | None) -> bool:
+    """True when no step above ``capacity`` ran and failed: the real capacity may be higher."""
+    return capacity is not None and not any(
+        s["rate_per_second"] > capacity and not s.get("skipped") for s in steps
+    )
+
+
+def per_payment_ms(cpu_seconds: float, executed: int) -> float | None:
+    return round(cpu_seconds * 1000 / executed, 3) if executed else None
+
+
+def stepped(steps: list[float], run_step) -> list[dict]:
+    """``run_step(index, rate)`` for each step until two steps failed; the rest skipped."""
+    out, failing = [], 0
+    for index, rate in enumerate(steps):
+        if failing >= STOP_AFTER_FAILING_STEPS:
+            out.append({"rate_per_second": rate, "skipped": True})
+            continue
+        step = run_step(index, rate)
+        out.append(step)
+        failing += not step["meets_slo"]
+        lat = step["lateness_seconds"]
+        print(
+            f"   {rate:g}/s: p50 {lat['p50']} s, p99 {lat['p99']} s, "
+            f"meets SLO: {step['meets_slo']}",
+            flush=True,
+        )
+    return out
+
+
+# ---------------------------------------------------------------- this service
+@dataclass
+class Ours:
+    """What every step of this service's run shares."""
+
+    seconds: float
+    sources: list[int]
+    targets: list[int]
+    client: dict
+    base: tuple[str, int]
+    worker_pid: int
+    timers_pid: int
+    metrics_dir: str
+    schedule_rate: float
+    status_rate: float
+    timeout: float
+
+
+def our_step(ctx: Ours, index: int, rate: float) -> dict:
+    from bench.harness.app import OPEN_STATUSES, Payment
+
+    seconds = ctx.seconds
+    count = max(1, round(rate * seconds))
+    # Inserted due a day out (the service ignores them), then re-timed to the step.
+    placeholder = db_now() + timedelta(days=1, seconds=index)
+    started = time.monotonic()
+    bulk_schedule(
+        sources=ctx.sources, targets=ctx.targets, count=count, amount=AMOUNT, due_at=placeholder
+    )
+    insert_seconds = time.monotonic() - started
+    t0 = db_now() + timedelta(seconds=5 + count / 5_000)  # room for the UPDATE + VACUUM
+    set_due_at(t0, rate, only_due_at=placeholder)
+    margin = (t0 - db_now()).total_seconds()
+    t0_mono = time.monotonic() + margin
+
+    api: dict = {}
+    with_api = ctx.schedule_rate > 0 and ctx.status_rate > 0
+
+    def load():
+        api.update(
+            run_load(
+                base=ctx.base,
+                token=ctx.client["token"],
+                account_ids=ctx.client["account_ids"],
+                schedule_rate=ctx.schedule_rate,
+                status_rate=ctx.status_rate,
+                duration=seconds,
+                streams=8,
+            )
+        )
+
+    loader = threading.Thread(target=load)
+    sleep_until(t0_mono - WARM_UP)
+    if with_api:
+        loader.start()
+    sleep_until(t0_mono)
+    cpu0 = (tree_cpu_seconds(ctx.worker_pid), postgres_cpu(), tree_cpu_seconds(ctx.timers_pid))
+    sweeps0 = multiprocess_histogram(ctx.metrics_dir, SWEEP_INTERVAL_METRIC)
+    runs0 = multiprocess_histogram(ctx.metrics_dir, SWEEP_DURATION_METRIC)
+    wall0 = time.monotonic()
+    if with_api:
+        loader.join()
+    sleep_until(t0_mono + seconds)
+    mine = Payment.objects.filter(from_account__in=ctx.sources, due_at__gte=t0)
+    open_at_window_end = mine.filter(status__in=OPEN_STATUSES).count()
+    remaining = wait_terminal(ctx.timeout)
+    end = db_now()
+    cpu1 = (
+        tree_cpu_seconds(ctx.worker_pid),
+        postgres_cpu_since(cpu0[1]),
+        tree_cpu_seconds(ctx.timers_pid),
+    )
+    sweeps1 = multiprocess_histogram(ctx.metrics_dir, SWEEP_INTERVAL_METRIC)
+    runs1 = multiprocess_histogram(ctx.metrics_dir, SWEEP_DURATION_METRIC)
+    wall = time.monotonic() - wall0
+
+    lateness, censored, failed = [], 0, 0
+    per_second: dict[int, list[float]] = {}
+    for due, executed_at, status in mine.values_list("due_at", "executed_at", "status"):
+        if status == "COMPLETED":
+            late = (executed_at - due).total_seconds()
+        elif status in OPEN_STATUSES:
+            censored += 1
+            late = (end - due).total_seconds()  # at least this late
+        else:
+            failed += 1
+            continue
+        lateness.append(late)
+        per_second.setdefault(int((due - t0).total_seconds()), []).append(late)
+    executed = Payment.objects.filter(
+        status="COMPLETED", executed_at__gte=t0, executed_at__lte=end
+    ).count()
+    summary = summarize(lateness, digits=3)
+    worker_cpu, pg_cpu, timers_cpu = cpu1[0] - cpu0[0], cpu1[1], cpu1[2] - cpu0[2]
+    sweeps = histogram_quantile_bound(sweeps0, sweeps1, 0.99)
+    runs = histogram_quantile_bound(runs0, runs1, 0.99)
+    api_summary = {
+        kind: {k: v for k, v in data.items() if k != "latencies_ms"} for kind, data in api.items()
+    }
+    return {
+        "rate_per_second": rate,
+        "seconds": seconds,
+        "payments": count,
+        "insert_seconds": round(insert_seconds, 1),
+        "setup_margin_seconds": round(margin, 2),  # < 0: the first payments came due in setup
+        "lateness_seconds": summary,
+        "meets_slo": slo_met(summary, censored) and failed == 0,
+        "open_at_window_end": open_at_window_end,
+        "still_open_at_timeout": remaining,
+        "censored": censored,
+        "failed": failed,
+        "executed": executed,
+        "executed_api": executed - (len(lateness) - censored),
+        "api": api_summary,
+        "schedule_p95_ms": api_summary.get("schedule", {}).get("latency_ms", {}).get("p95"),
+        "status_p95_ms": api_summary.get("status", {}).get("latency_ms", {}).get("p95"),
+        "cpu": {
+            "wall_seconds": round(wall, 1),
+            "worker_cpu_seconds": round(worker_cpu, 1),
+            "timers_cpu_seconds": round(timers_cpu, 1),
+            "postgres_cpu_seconds": round(pg_cpu, 1),
+            "worker_ms_per_payment": per_payment_ms(worker_cpu, executed),
+            "postgres_ms_per_payment": per_payment_ms(pg_cpu, executed),
+        },
+        "sweep_interval": sweeps,
+        "sweep_interval_p99_le_seconds": sweeps["le_seconds"] if sweeps else None,
+        "sweeps_in_window": runs["observations"] if runs else None,
+        "lateness_per_second": [
+            (sec, percentile(sorted(v), 50), percentile(sorted(v), 99))
+            for sec, v in sorted(per_second.items())
+        ],
+    }
+
+
+def run_ours(env: dict, steps: list[float], args, sources, targets) -> list[dict]:
+    metrics_dir = tempfile.mkdtemp(prefix="bench-capacity-metrics-")
+    try:
+        client = create_client("bench-capacity", accounts=20, balance=10**12)
+        service_env = {**env, "PROMETHEUS_MULTIPROC_DIR": metrics_dir}
+        with Service(service_env, "capacity") as service:
+            base = start_web(service, port=WEB_PORT)
+            worker = service.worker(args.concurrency)
+            timers = service.timers()
+            service.beat()
+            for pid in (worker.pid, timers.pid):
+                peers.wait_quiet(pid, min_seconds=3, timeout=60)
+            if args.api_schedule_rate > 0 and args.api_status_rate > 0:
+                # Warm-up: no step pays for gunicorn's, Django's and the workers'
+                # first requests and chunks; its payments are done before step 1.
+                run_load(
+                    base=base,
+                    token=client["token"],
+                    account_ids=client["account_ids"],
+                    schedule_rate=args.api_schedule_rate,
+                    status_rate=args.api_status_rate,
+                    duration=WARM_UP_SECONDS,
+                    streams=8,
+                )
+                wait_terminal(args.timeout)
+            ctx = Ours(
+                seconds=args.capacity_seconds,
+                sources=sources,
+                targets=targets,
+                client=client,
+                base=base,
+                worker_pid=worker.pid,
+                timers_pid=timers.pid,
+                metrics_dir=metrics_dir,
+                schedule_rate=args.api_schedule_rate,
+                status_rate=args.api_status_rate,
+                timeout=args.timeout,
+            )
+            return stepped(steps, lambda index, rate: our_step(ctx, index, rate))
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- the Celery ETA peer
+def publish_steady(peer: str, payments: list[tuple], t0: datetime, rate: float) -> None:
+    """One ``apply_async(eta=due_at)`` per payment, due from ``t0`` on at ``rate``/s."""
+    from bench.scenarios.peer_tasks import QUEUE, peer_transfer
+
+    for no, source, target, amount in payments:
+        due = t0 + timedelta(seconds=no / rate)
+        peer_transfer.apply_async(
+            args=[peer, no, source, target, amount, due.isoformat()], eta=due, queue=QUEUE
+        )
+
+
+def peer_step(index, rate, *, seconds, sources, targets, worker_pid, r, timeout) -> dict:
+    peer = f"capacity_eta_{index}"
+    count = max(1, round(rate * seconds))
+    payments = peers.plan(count, sources, targets, seed=100 + index)
+    t0 = clock_timestamp() + timedelta(seconds=peers.publish_lead(count, r))
+    started = time.monotonic()
+    publish_steady(peer, payments, t0, rate)
+    publish_seconds = time.monotonic() - started
+    margin = (t0 - clock_timestamp()).total_seconds()
+    time.sleep(max(0.0, margin))
+    cpu0 = (tree_cpu_seconds(worker_pid), postgres_cpu())
+    wall0 = time.monotonic()
+    done = peers.wait_done(peer, count, r, time.monotonic() + timeout, settle=3)
+    end = clock_timestamp()
+    worker_cpu = tree_cpu_seconds(worker_pid) - cpu0[0]
+    pg_cpu = postgres_cpu_since(cpu0[1])
+    wall = time.monotonic() - wall0
+
+    rows = peers.first_executions(peer)
+    lateness = [(ran - due).total_seconds() for due, ran in rows]
+    censored = count - len(rows)
+    if censored > 0:  # never ran within the timeout: at least this late
+        ran = {no for (no,) in _executed_numbers(peer)}
+        lateness += [
+            (end - (t0 + timedelta(seconds=no / rate))).total_seconds()
+            for no in range(count)
+            if no not in ran
+        ]
+    summary = summarize(lateness, digits=3)
+    rows_total, distinct = peers.counts(peer)
+    return {
+        "rate_per_second": rate,
+        "seconds": seconds,
+        "payments": count,
+        "publish_seconds": round(publish_seconds, 1),
+        "setup_margin_seconds": round(margin, 2),  # < 0: published past the first due time
+        "lateness_seconds": summary,
+        "meets_slo": slo_met(summary, censored),
+        "executed": distinct,
+        "duplicates": rows_total - distinct,
+        "censored": censored,
+        "timed_out": not done,
+        "cpu": {
+            "wall_seconds": round(wall, 1),
+            "worker_cpu_seconds": round(worker_cpu, 1),
+            "postgres_cpu_seconds": round(pg_cpu, 1),
+            "worker_ms_per_payment": per_payment_ms(worker_cpu, distinct),
+            "postgres_ms_per_payment": per_payment_ms(pg_cpu, distinct),
+        },
+    }
+
+
+def _executed_numbers(peer: str):
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT DISTINCT payment_no FROM bench_peer_execution WHERE peer = %s", [peer]
+        )
+        return cursor.fetchall()
+
+
+def run_peer(env: dict, steps: list[float], args, sources, targets) -> list[dict]:
+    import redis
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(peers.EXECUTION_TABLE)
+    r = redis.Redis.from_url(env["CELERY_BROKER_URL"])
+    r.flushdb()  # the service's leftovers (beat's expired sweeps) are no peer's work
+    try:
+        with Service(env, "capacity-peer") as service:
+            worker = peers.start_worker(service, "capacity-eta-worker", args.concurrency)
+            peers.wait_quiet(worker.pid, min_seconds=3, timeout=60)
+            return stepped(
+                steps,
+                lambda index, rate: peer_step(
+                    index,
+                    rate,
+                    seconds=args.capacity_seconds,
+                    sources=sources,
+                    targets=targets,
+                    worker_pid=worker.pid,
+                    r=r,
+                    timeout=args.timeout,
+                ),
+            )
+    finally:
+        with contextlib.suppress(Exception):
+            r.flushdb()
+
+
+# ---------------------------------------------------------------- the scenario
+def run(args) -> dict:
+    env = prepare(DATABASE, REDIS_DB)
+    steps = list(args.capacity_steps)  # parsed by bench/run.py (parse_steps)
+    total = sum(round(rate * args.capacity_seconds) for rate in steps)
+    sources = fund_accounts(ACCOUNTS, max(total, 1) * 10)
+    targets = fund_accounts(ACCOUNTS, 0)
+
+    print(f"   this service: steps {steps} payments/s, {args.capacity_seconds:g} s each")
+    ours = run_ours(env, steps, args, sources, targets)
+    checks = exactly_once_check()  # before the peer: its transfers carry no payment
+    print("   Celery ETA peer, same steps")
+    peer = run_peer(env, steps, args, sources, targets)
+    checks["reconcile_ok_after_peer"] = exactly_once_check()["reconcile_ok"]
+
+    capacity = capacity_at_slo(ours)
+    peer_capacity = capacity_at_slo(peer)
+    at = next((s for s in ours if s["rate_per_second"] == capacity), None)
+    lowest = next((s for s in ours if not s.get("skipped")), None)
+    sweep_exported = any(s.get("sweep_interval") for s in ours)
+    return {
+        "steps": steps,
+        "seconds_per_step": args.capacity_seconds,
+        "worker_concurrency": args.concurrency,
+        "slo": {
+            "p99_seconds": SLO_P99_SECONDS,
+            "p50_seconds": SLO_P50_SECONDS,
+            "stop_after_failing_steps": STOP_AFTER_FAILING_STEPS,
+        },
+        "api_rates": {"schedule": args.api_schedule_rate, "status": args.api_status_rate},
+        "capacity_at_slo": capacity,
+        "peer_capacity_at_slo": peer_capacity,
+        # the highest step run met the SLO: the capacity is at least this
+        "capacity_is_lower_bound": lower_bound(ours, capacity),
+        "peer_capacity_is_lower_bound": lower_bound(peer, peer_capacity),
+        "at_capacity": {
+            "rate_per_second": capacity,
+            "lateness_seconds": at["lateness_seconds"] if at else None,
+            "schedule_p95_ms": at["schedule_p95_ms"] if at else None,
+            "status_p95_ms": at["status_p95_ms"] if at else None,
+            "sweep_interval_p99_le_seconds": at["sweep_interval_p99_le_seconds"] if at else None,
+            "worker_ms_per_payment": at["cpu"]["worker_ms_per_payment"] if at else None,
+        },
+        "lowest_step": {
+            "rate_per_second": lowest["rate_per_second"] if lowest else None,
+            "worker_ms_per_payment": lowest["cpu"]["worker_ms_per_payment"] if lowest else None,
+        },
+        "sweep_interval_metric": SWEEP_INTERVAL_METRIC if sweep_exported else None,
+        "ours": ours,
+        "peer": peer,
+        "checks": checks,
+        "notes": [
+            "this service: API load (schedule + status through gunicorn) throughout each "
+            f"step, after {WARM_UP_SECONDS:g} s of it as a warm-up before the first; the peer: "
+            "no API load (it has none), worker alone",
+            "lateness: the step's own preloaded payments only; CPU per payment: every "
+            "payment executed in the step's window (the API's too); PostgreSQL CPU is "
+            "every server process on the host (the API's queries included)",
+            "sweep interval p99: upper bound of the histogram bucket holding the step's "
+            "99th percentile (≤ X s); null when the service does not export "
+            f"{SWEEP_INTERVAL_METRIC}",
+        ],
+    }
