@@ -1,12 +1,14 @@
 """Idempotency-Key with Stripe's semantics, backed by a UNIQUE (client, key) row.
 
-1. ``idempotency_begin`` claims the key in a short committed transaction:
-   a new key is stored IN_FLIGHT; a completed one with the same request
-   fingerprint is replayed; a different fingerprint is refused
-   (``idempotency_key_reused``, 422); an IN_FLIGHT one is refused
-   (``idempotency_key_in_use``, 409) unless its claim is older than
-   ``IDEMPOTENCY_IN_FLIGHT_TIMEOUT`` (the process died: nothing it did
-   committed, see 2), in which case this request takes it over.
+1. ``idempotency_begin`` claims the key, committed before the request's work:
+   a new key is stored IN_FLIGHT (one ``INSERT … ON CONFLICT DO NOTHING``,
+   the common case); an existing one is read under its row lock in a short
+   transaction: a completed one with the same request fingerprint is
+   replayed; a different fingerprint is refused (``idempotency_key_reused``,
+   422); an IN_FLIGHT one is refused (``idempotency_key_in_use``, 409) unless
+   its claim is older than ``IDEMPOTENCY_IN_FLIGHT_TIMEOUT`` (the process
+   died: nothing it did committed, see 2), in which case this request takes
+   it over.
 2. The request's own work and ``idempotency_complete`` commit in one
    transaction, so a stored response always matches what was written.
 3. On an unexpected error ``idempotency_release`` deletes the claim, so the
@@ -25,7 +27,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import IntegrityError, transaction
+from django.db import connections, router, transaction
 from django.utils import timezone
 
 from .exceptions import IdempotencyKeyInUse, IdempotencyKeyReused
@@ -43,45 +45,78 @@ class Claim:
     replay: bool
 
 
+def _insert_in_flight(record: IdempotencyKey) -> bool:
+    """INSERT the new claim ``record`` unless its (client, key) exists; True (and
+    ``record.pk`` set) if this call inserted it.
+
+    One statement in the caller's transaction (autocommit in the API), so the
+    claim is committed before the request's work starts, as a transaction of
+    its own would. ``ON CONFLICT DO NOTHING`` waits for a concurrent insert of
+    the same key to commit or roll back and then reports the conflict without
+    an error (PostgreSQL and SQLite ≥ 3.35).
+    """
+    using = router.db_for_write(IdempotencyKey)
+    connection = connections[using]
+    meta = IdempotencyKey._meta
+    fields = [f for f in meta.concrete_fields if not f.primary_key]
+    quote = connection.ops.quote_name
+    columns = ", ".join(quote(f.column) for f in fields)
+    conflict = ", ".join(quote(meta.get_field(name).column) for name in ("client", "key"))
+    sql = (
+        f"INSERT INTO {quote(meta.db_table)} ({columns}) "  # noqa: S608 - names from _meta
+        f"VALUES ({', '.join(['%s'] * len(fields))}) "
+        f"ON CONFLICT ({conflict}) DO NOTHING RETURNING {quote(meta.pk.column)}"
+    )
+    params = [f.get_db_prep_save(getattr(record, f.attname), connection) for f in fields]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
+        return False
+    record.pk = row[0]
+    record._state.adding = False
+    record._state.db = using
+    return True
+
+
 def idempotency_begin(*, client: AbstractBaseUser, key: str, fingerprint: str) -> Claim:
     now = timezone.now()
     for _ in range(2):
-        try:
-            with transaction.atomic():
-                record = (
-                    IdempotencyKey.objects.select_for_update(no_key=True)
-                    .filter(client=client, key=key)
-                    .first()
+        record = IdempotencyKey(
+            client=client,
+            key=key,
+            fingerprint=fingerprint,
+            status=IdempotencyStatus.IN_FLIGHT,
+            locked_at=now,
+            created_at=now,
+        )
+        if _insert_in_flight(record):
+            return Claim(record, replay=False)
+        with transaction.atomic():
+            record = (
+                IdempotencyKey.objects.select_for_update(no_key=True)
+                .filter(client=client, key=key)
+                .first()
+            )
+            if record is None:
+                continue  # released (or purged) since the insert saw it: insert again
+            if record.created_at < now - timedelta(seconds=settings.IDEMPOTENCY_TTL_SECONDS):
+                _restart(record, fingerprint, now)
+                return Claim(record, replay=False)
+            if record.fingerprint != fingerprint:
+                raise IdempotencyKeyReused(
+                    "This Idempotency-Key was already used with a different request.",
+                    key=key,
                 )
-                if record is None:
-                    record = IdempotencyKey.objects.create(
-                        client=client,
-                        key=key,
-                        fingerprint=fingerprint,
-                        status=IdempotencyStatus.IN_FLIGHT,
-                        locked_at=now,
-                        created_at=now,
-                    )
-                    return Claim(record, replay=False)
-                if record.created_at < now - timedelta(seconds=settings.IDEMPOTENCY_TTL_SECONDS):
-                    _restart(record, fingerprint, now)
-                    return Claim(record, replay=False)
-                if record.fingerprint != fingerprint:
-                    raise IdempotencyKeyReused(
-                        "This Idempotency-Key was already used with a different request.",
-                        key=key,
-                    )
-                if record.status == IdempotencyStatus.COMPLETED:
-                    return Claim(record, replay=True)
-                stale = now - timedelta(seconds=settings.IDEMPOTENCY_IN_FLIGHT_TIMEOUT)
-                if record.locked_at < stale:
-                    _restart(record, fingerprint, now)
-                    return Claim(record, replay=False)
-                raise IdempotencyKeyInUse(
-                    "A request with this Idempotency-Key is in progress; retry later.", key=key
-                )
-        except IntegrityError:
-            continue  # a concurrent request inserted the key first: read it
+            if record.status == IdempotencyStatus.COMPLETED:
+                return Claim(record, replay=True)
+            stale = now - timedelta(seconds=settings.IDEMPOTENCY_IN_FLIGHT_TIMEOUT)
+            if record.locked_at < stale:
+                _restart(record, fingerprint, now)
+                return Claim(record, replay=False)
+            raise IdempotencyKeyInUse(
+                "A request with this Idempotency-Key is in progress; retry later.", key=key
+            )
     raise IdempotencyKeyInUse("A request with this Idempotency-Key is in progress.", key=key)
 
 

@@ -12,6 +12,8 @@ from django.db import connections
 from django.db.models import CharField, DateTimeField, F, Field, Func, QuerySet, UUIDField, Value
 from django.db.models.lookups import LessThan
 
+from scheduler_project.rows import RowReader
+
 from .exceptions import InvalidRequest, NotFound
 from .models import Payment
 
@@ -27,11 +29,21 @@ def payments_for_client(client: AbstractBaseUser) -> QuerySet[Payment]:
     return Payment.objects.filter(owner=client)
 
 
+_CLIENT_PAYMENT = RowReader(
+    Payment, sql="FROM {0} WHERE {0.pk} = %s AND {0.owner} = %s", params=["id", "owner"]
+)
+
+
 def payment_get(*, client: AbstractBaseUser, payment_id: uuid.UUID) -> Payment:
-    payment = payments_for_client(client).filter(pk=payment_id).first()
-    if payment is None:
+    """The client's payment ``payment_id`` (``payments_for_client``), else ``NotFound``.
+
+    The status read of every client, so a ``RowReader`` (one fixed SELECT by
+    primary key and owner) rather than a queryset compiled per request.
+    """
+    row = _CLIENT_PAYMENT.one(payment_id, client.pk)
+    if row is None:
         raise NotFound(f"Payment {payment_id} not found.", payment_id=str(payment_id))
-    return payment
+    return row[0]
 
 
 def encode_cursor(*parts: object) -> str:

@@ -9,12 +9,15 @@ and the channel, so a leaked token's history can be read back.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import secrets
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.db.models.functions import Now
+
+from scheduler_project.rows import RowReader
 
 from .exceptions import NotFound
 from .models import ApiToken, ApiTokenAction, ApiTokenEvent
@@ -25,6 +28,34 @@ PREFIX_LENGTH = 12
 
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+@functools.cache
+def _active_token_reader() -> RowReader:
+    user_model = ApiToken._meta.get_field("user").related_model
+    return RowReader(
+        ApiToken,
+        user_model,
+        sql="FROM {0} INNER JOIN {1} ON {1.pk} = {0.user} "
+        "WHERE {0.key_hash} = %s AND {0.revoked_at} IS NULL",
+        params=["key_hash"],
+    )
+
+
+def api_token_active(token: str) -> ApiToken | None:
+    """The unrevoked token ``token`` with its user loaded, or None: one query, on every request.
+
+    Read from the database each time, never from a cache, so a revocation
+    (or a deactivated user, which the caller checks) takes effect from the
+    next request on, in every web process. A ``RowReader``: the queryset
+    equivalent spent ~0.4 ms of CPU compiling itself per API request.
+    """
+    row = _active_token_reader().one(hash_token(token))
+    if row is None:
+        return None
+    record, user = row
+    record.user = user
+    return record
 
 
 def api_token_issue(

@@ -1,10 +1,13 @@
 """API cost in-process: CPU time and queries of a schedule call and a status read.
 
-    .venv/bin/python bench/api_cost.py [--n 500] [--profile schedule|status] [--top 25]
+    .venv/bin/python bench/api_cost.py [--n 500] [--profile schedule|schedule_key|status]
+        [--top 25] [--name api-cost]
 
 Recreates ``scheduler_bench_apicost``, creates a client with two funded
-accounts, and sends ``--n`` ``POST /api/v1/payments/schedule`` and ``--n``
-``GET /api/v1/payments/{id}`` through Django's full request stack (middleware,
+accounts, and sends ``--n`` ``POST /api/v1/payments/schedule``, ``--n`` more
+with a fresh ``Idempotency-Key`` each (``schedule_key``: the claim and the
+stored response on top) and ``--n`` ``GET /api/v1/payments/{id}`` through
+Django's full request stack (middleware,
 authentication, throttles, DRF, renderer) with ``django.test.Client`` in this
 process — no HTTP server, no network, no other load — so the numbers are the
 application's own cost. Reports per request: mean and p50 wall time, CPU time
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import itertools
 import json
 import pstats
 import sys
@@ -78,7 +82,7 @@ def profile(call, n: int, top: int) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=500)
-    parser.add_argument("--profile", choices=["schedule", "status"])
+    parser.add_argument("--profile", choices=["schedule", "schedule_key", "status"])
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--name", default="api-cost")
     args = parser.parse_args()
@@ -98,6 +102,18 @@ def main() -> int:
         assert response.status_code == 201, response.content
         return response
 
+    keys = itertools.count()
+
+    def schedule_key():
+        response = http.post(
+            "/api/v1/payments/schedule",
+            body,
+            content_type="application/json",
+            headers={"Idempotency-Key": f"apicost-{next(keys)}"},
+        )
+        assert response.status_code == 201, response.content
+        return response
+
     payment_id = schedule().json()["payment_id"]
 
     def status():
@@ -106,7 +122,8 @@ def main() -> int:
         return response
 
     report = {"n": args.n, "at": datetime.now(UTC).isoformat()}
-    for name, call in (("schedule", schedule), ("status", status)):
+    calls = {"schedule": schedule, "schedule_key": schedule_key, "status": status}
+    for name, call in calls.items():
         count, shapes = statements(call)
         report[name] = measure(call, args.n) | {"queries": count, "statements": shapes}
         print(
@@ -116,7 +133,7 @@ def main() -> int:
         for times, sql in shapes:
             print(f"   {times} x {sql}")
     if args.profile:
-        print(profile(schedule if args.profile == "schedule" else status, args.n, args.top))
+        print(profile(calls[args.profile], args.n, args.top))
     write_report(args.name, report)
     return 0
 

@@ -13,8 +13,7 @@ from rest_framework import authentication, exceptions
 from rest_framework.permissions import BasePermission
 from rest_framework.throttling import BaseThrottle, SimpleRateThrottle, UserRateThrottle
 
-from ..models import ApiToken
-from ..tokens import hash_token
+from ..tokens import api_token_active
 
 logger = logging.getLogger(__name__)
 
@@ -41,11 +40,7 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
             token = header[1].decode()
         except UnicodeDecodeError:
             raise exceptions.AuthenticationFailed("Malformed token.") from None
-        record = (
-            ApiToken.objects.select_related("user")
-            .filter(key_hash=hash_token(token), revoked_at__isnull=True)
-            .first()
-        )
+        record = api_token_active(token)
         if record is None or not record.user.is_active:
             raise exceptions.AuthenticationFailed("Invalid or revoked token.")
         return record.user, record

@@ -172,6 +172,43 @@ class PaymentOutput(serializers.Serializer):
         return data
 
 
+_TIMESTAMP = serializers.DateTimeField()  # how PaymentOutput's date-times render
+
+
+def _timestamp(value):
+    return None if value is None else _TIMESTAMP.to_representation(value)
+
+
+def payment_data(payment) -> dict:
+    """``PaymentOutput(payment).data``, built directly: the same keys in the same order and
+    the same values, so the same JSON.
+
+    Every payment the API returns goes through here (schedule and the status read
+    are the hot calls). ``PaymentOutput`` stays the declared shape (the OpenAPI
+    schema); a serializer instance deep-copies its 15 fields before rendering
+    one payment, about a tenth of a millisecond. A test renders payments of
+    every shape both ways and compares the JSON.
+    """
+    metadata = payment.metadata
+    return {
+        "payment_id": str(payment.id),
+        "from_account_id": payment.from_account_id,
+        "to_account_id": payment.to_account_id,
+        "amount": payment.amount,
+        "description": str(payment.description),
+        "metadata": None if metadata is None else {str(k): v for k, v in metadata.items()},
+        "scheduled_time": _timestamp(payment.due_at),
+        "status": str(payment.status),
+        "created_at": _timestamp(payment.created_at),
+        "updated_at": _timestamp(payment.updated_at),
+        "executed_at": _timestamp(payment.executed_at),
+        "cancelled_at": _timestamp(payment.cancelled_at),
+        "error_code": payment.error_code or None,
+        "error_message": payment.error_message or None,
+        "attempts": payment.attempts,
+    }
+
+
 class PaymentListOutput(serializers.Serializer):
     payments = PaymentOutput(many=True)
     next_cursor = serializers.CharField(allow_null=True)

@@ -136,7 +136,7 @@ class PaymentScheduleView(APIView):
     def post(self, request):
         data = parse(s.ScheduleInput, request.data)
         payment = services.payment_schedule(client=request.user, **data)
-        return Response(s.PaymentOutput(payment).data, status=status.HTTP_201_CREATED)
+        return Response(s.payment_data(payment), status=status.HTTP_201_CREATED)
 
 
 class PaymentCollectionView(PaymentScheduleView):
@@ -151,7 +151,7 @@ class PaymentCollectionView(PaymentScheduleView):
         query = parse(s.ListQuery, request.query_params.dict())
         payments, next_cursor = selectors.payment_list(client=request.user, **query)
         return Response(
-            {"payments": s.PaymentOutput(payments, many=True).data, "next_cursor": next_cursor}
+            {"payments": [s.payment_data(p) for p in payments], "next_cursor": next_cursor}
         )
 
     @api_operation(
@@ -177,7 +177,7 @@ class PaymentDetailView(APIView):
         payment = selectors.payment_get(
             client=request.user, payment_id=parse_payment_id(payment_id)
         )
-        return Response(s.PaymentOutput(payment).data)
+        return Response(s.payment_data(payment))
 
     @api_operation(
         operation_id="payments_update",
@@ -199,7 +199,7 @@ class PaymentDetailView(APIView):
         payment = services.payment_update(
             payment_id=pid, client=request.user, actor_user=request.user, **data
         )
-        return Response(s.PaymentOutput(payment).data)
+        return Response(s.payment_data(payment))
 
 
 CANCEL_ERRORS = {404: ["not_found"], 409: ["payment_not_cancellable"]}
@@ -218,7 +218,7 @@ class PaymentCancelView(APIView):
             reason=data["reason"],
         )
         return Response(
-            {"success": True, "status": payment.status, "payment": s.PaymentOutput(payment).data}
+            {"success": True, "status": payment.status, "payment": s.payment_data(payment)}
         )
 
     @api_operation(
@@ -372,4 +372,4 @@ class InternalExecuteView(APIView):
         payment = services.payment_execute_now(
             payment_id=parse_payment_id(payment_id), execution_id=data["execution_id"]
         )
-        return Response({"execution_id": data["execution_id"], **s.PaymentOutput(payment).data})
+        return Response({"execution_id": data["execution_id"], **s.payment_data(payment)})

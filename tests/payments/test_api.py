@@ -1,14 +1,18 @@
 """Contract tests for the public API (DESIGN §5): paths, fields, error shape and codes."""
 
-from datetime import timedelta
+import json
+from datetime import UTC, datetime, timedelta
 from uuid import uuid4
+from zoneinfo import ZoneInfo
 
 import pytest
 from django.db import transaction
 from django.utils import timezone
+from rest_framework.renderers import JSONRenderer
 
 from ledger import services as ledger
 from ledger.models import Account, Hold, JournalEntry
+from payments.api import serializers as s
 from payments.models import Payment, PaymentEvent, PaymentStatus
 
 pytestmark = pytest.mark.django_db
@@ -237,6 +241,61 @@ def test_get_payment(alice):
         "attempts",
     ):
         assert field in body
+
+
+def test_status_read_is_two_statements(alice, django_assert_num_queries):
+    """The token and the payment, each one SELECT; the throttle counts in Redis."""
+    payment_id = alice.schedule().json()["payment_id"]
+    with django_assert_num_queries(2):
+        response = alice.api.get(f"/api/v1/payments/{payment_id}")
+    assert response.status_code == 200 and response.json()["payment_id"] == payment_id
+
+
+def _payments_of_every_shape():
+    """Unsaved payments with the values a response can carry: the renderers read attributes."""
+    paris = ZoneInfo("Europe/Paris")
+    base = {
+        "from_account_id": 2,
+        "to_account_id": 3,
+        "amount": 2**63 - 1,
+        "due_at": datetime(2030, 1, 1, 9, 0, tzinfo=paris),  # no microseconds, not UTC
+        "created_at": datetime(2026, 11, 24, 5, 6, 7, 891011, tzinfo=UTC),
+        "updated_at": datetime(2026, 11, 24, 5, 6, 7, 1, tzinfo=UTC),
+        "attempts": 0,
+    }
+    yield Payment(id=uuid4(), status=PaymentStatus.PENDING, **base)  # enum member, defaults
+    yield Payment(
+        id=uuid4(),
+        status="FAILED",
+        description='Miete \u00e9 \u2713 "quoted" </script>',
+        metadata={"nested": {"list": [1, 2.5, None, True]}, "none": None, "": "empty key"},
+        executed_at=datetime(2030, 1, 1, 8, 0, 0, 500, tzinfo=UTC),
+        error_code="insufficient_funds",
+        error_message="Available 5, needed 7.",
+        **base | {"attempts": 3},
+    )
+    yield Payment(
+        id=uuid4(),
+        status=PaymentStatus.CANCELLED,
+        cancelled_at=datetime(2029, 12, 31, 23, 59, 59, 999999, tzinfo=paris),
+        metadata={},
+        **base,
+    )
+
+
+def test_payment_data_is_the_payment_output_serializer_byte_for_byte(alice):
+    """``payment_data`` (every payment the API returns) renders what ``PaymentOutput``
+    declares: the same keys, in the same order, the same JSON."""
+    scheduled = alice.schedule(metadata={"k": [1, {"x": None}]}, description="d").json()
+    stored = Payment.objects.get(pk=scheduled["payment_id"])
+    for payment in [*_payments_of_every_shape(), stored]:
+        fast, reference = s.payment_data(payment), s.PaymentOutput(payment).data
+        assert list(fast) == list(reference)
+        assert JSONRenderer().render(fast) == JSONRenderer().render(reference)
+        assert json.loads(JSONRenderer().render(fast)) == reference
+    # What the API sends is that rendering of the stored row.
+    assert scheduled == alice.api.get(f"/api/v1/payments/{stored.pk}").json()
+    assert scheduled == json.loads(JSONRenderer().render(s.PaymentOutput(stored).data))
 
 
 @pytest.mark.parametrize("payment_id", [str(uuid4()), "not-a-uuid", "1"])

@@ -2,16 +2,17 @@
 
 import json
 import threading
+import time
 from datetime import timedelta
 
 import pytest
 import time_machine
-from django.db import IntegrityError, connection
+from django.db import connection, transaction
 from django.utils import timezone
 from rest_framework.test import APIClient
 
 from ledger.models import Account, Hold
-from payments import services
+from payments import idempotency, services
 from payments.idempotency import (
     idempotency_begin,
     idempotency_complete,
@@ -263,18 +264,52 @@ class TestSemantics:
         assert again.replay is True and again.record.response_body == {"b": 1}
 
     def test_inserts_that_keep_losing_races_answer_409(self, alice, monkeypatch):
-        """The key's row is inserted by another request and gone again, twice."""
-
-        def always_lose(**fields):
-            raise IntegrityError("duplicate key value violates unique constraint")
-
-        monkeypatch.setattr(IdempotencyKey.objects, "create", always_lose)
+        """The key's row is inserted by another request and gone again before it
+        can be read, twice: the INSERT reports a conflict, the locked read finds
+        nothing."""
+        monkeypatch.setattr(idempotency, "_insert_in_flight", lambda record: False)
         busy = error(
             alice.schedule(headers={"Idempotency-Key": "unlucky"}), 409, "idempotency_key_in_use"
         )
         assert busy["message"] == "A request with this Idempotency-Key is in progress."
         assert busy["details"] == {"key": "unlucky"}
-        assert Payment.objects.count() == 0
+        assert Payment.objects.count() == 0 and IdempotencyKey.objects.count() == 0
+
+    def test_a_key_released_between_insert_and_read_is_claimed_on_the_second_try(
+        self, alice, monkeypatch
+    ):
+        real_insert = idempotency._insert_in_flight
+        attempts = []
+
+        def first_sees_a_conflict(record):
+            attempts.append(record.key)
+            return len(attempts) > 1 and real_insert(record)
+
+        monkeypatch.setattr(idempotency, "_insert_in_flight", first_sees_a_conflict)
+        response = alice.schedule(headers={"Idempotency-Key": "second-try"})
+        assert response.status_code == 201 and "Idempotent-Replayed" not in response
+        assert attempts == ["second-try", "second-try"]
+        record = IdempotencyKey.objects.get(key="second-try")
+        assert (record.status, record.response_status) == (IdempotencyStatus.COMPLETED, 201)
+        assert record.response_body == response.json()
+
+    def test_a_new_key_is_claimed_with_one_statement(self, alice, django_assert_num_queries):
+        """No transaction and no locked read of its own for a key never seen."""
+        with django_assert_num_queries(1):
+            claim = idempotency_begin(client=alice.user, key="fresh", fingerprint="f")
+        assert claim.replay is False and claim.record.pk is not None
+        record = IdempotencyKey.objects.get(pk=claim.record.pk)
+        assert (record.client_id, record.key, record.fingerprint, record.status) == (
+            alice.user.pk,
+            "fresh",
+            "f",
+            IdempotencyStatus.IN_FLIGHT,
+        )
+        assert record.locked_at == record.created_at == claim.record.locked_at
+        assert (record.response_status, record.response_body) == (None, None)
+        # The claim is a saved row: completing it updates that row.
+        idempotency_complete(record=claim.record, status=201, body={"ok": True})
+        assert IdempotencyKey.objects.get(pk=record.pk).response_body == {"ok": True}
 
     def test_completing_writes_only_the_response(self, alice):
         """Completion must not undo a takeover that happened meanwhile (no blind save)."""
@@ -352,40 +387,38 @@ def test_twenty_concurrent_requests_with_one_key(alice):
     assert Account.objects.get(pk=alice.account.pk).held == 700
 
 
-@pytest.mark.postgres  # SQLite has one writer: the winner cannot commit inside the loser's write
+@pytest.mark.postgres  # SQLite has one writer: the loser cannot insert inside the winner's write
 @pytest.mark.django_db(transaction=True)
-def test_losing_the_insert_race_reads_the_winners_key(alice, monkeypatch):
-    """Two requests insert one key at once: the loser's INSERT fails on the UNIQUE
-    constraint, and it must then answer from the winner's row (here: replay it)."""
+def test_losing_the_insert_race_reads_the_winners_key(alice):
+    """Two requests insert one key at once: the loser's INSERT waits for the
+    winner's transaction, then reports the conflict (no error), and the loser
+    answers from the winner's row (here: replays it)."""
     fingerprint = request_fingerprint("POST", SCHEDULE, schedule_body(alice))
-    real_create = IdempotencyKey.objects.create
-    calls = []
+    inserted = threading.Event()
 
-    def winner_commits_first(**fields):
-        calls.append(fields["key"])
-        if len(calls) > 1:
-            return real_create(**fields)
-
-        def winner():
-            try:
-                real_create(
-                    **fields
-                    | {
-                        "status": IdempotencyStatus.COMPLETED,
-                        "response_status": 201,
-                        "response_body": {"from": "the winner"},
-                    }
+    def winner():
+        try:
+            with transaction.atomic():
+                IdempotencyKey.objects.create(
+                    client=alice.user,
+                    key="raced",
+                    fingerprint=fingerprint,
+                    status=IdempotencyStatus.COMPLETED,
+                    response_status=201,
+                    response_body={"from": "the winner"},
+                    locked_at=timezone.now(),
+                    created_at=timezone.now(),
                 )
-            finally:
-                connection.close()
+                inserted.set()
+                time.sleep(0.5)  # the loser's INSERT is waiting on this row meanwhile
+        finally:
+            connection.close()
 
-        thread = threading.Thread(target=winner)
-        thread.start()
-        thread.join(30)
-        raise IntegrityError("duplicate key value violates unique constraint")
-
-    monkeypatch.setattr(IdempotencyKey.objects, "create", winner_commits_first)
+    thread = threading.Thread(target=winner)
+    thread.start()
+    assert inserted.wait(30)
     claim = idempotency_begin(client=alice.user, key="raced", fingerprint=fingerprint)
+    thread.join(30)
     assert claim.replay is True
     assert claim.record.response_body == {"from": "the winner"}
-    assert calls == ["raced"]
+    assert IdempotencyKey.objects.filter(key="raced").count() == 1

@@ -10,7 +10,8 @@ from django.db.models.functions import Now
 from django.urls import reverse
 from rest_framework.test import APIClient
 
-from payments.models import ApiToken, ApiTokenEvent
+from payments.models import ApiToken, ApiTokenEvent, ApiTokenVia
+from payments.tokens import api_token_active, api_token_revoke, hash_token
 from tests.factories import UserFactory
 
 pytestmark = pytest.mark.django_db
@@ -71,6 +72,35 @@ def test_a_revoked_token_is_refused_on_the_next_request(alice):
     response = alice.api.get("/api/v1/accounts")
     assert response.status_code == 401
     assert response.json()["error"]["code"] == "authentication_failed"
+
+
+def test_a_token_revoked_behind_the_services_back_is_refused_on_the_next_request(alice):
+    """Nothing caches a token: a revocation written straight to the database (another
+    process, a SQL console) is seen by the next request too."""
+    assert status_with(alice.token) == 200
+    ApiToken.objects.filter(user=alice.user).update(revoked_at=Now())
+    assert status_with(alice.token) == 401
+
+
+def test_a_deactivated_clients_token_is_refused_until_reactivated(alice):
+    assert status_with(alice.token) == 200
+    type(alice.user).objects.filter(pk=alice.user.pk).update(is_active=False)
+    response = alice.api.get("/api/v1/accounts")
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "authentication_failed"
+    type(alice.user).objects.filter(pk=alice.user.pk).update(is_active=True)
+    assert status_with(alice.token) == 200
+
+
+def test_the_active_token_and_its_user_are_one_query(alice, django_assert_num_queries):
+    with django_assert_num_queries(1):
+        record = api_token_active(alice.token)
+        assert record.user.pk == alice.user.pk and record.user.username == "alice"
+    assert record == ApiToken.objects.get(key_hash=hash_token(alice.token))
+    assert api_token_active(alice.token + "x") is None
+    assert api_token_active("") is None
+    api_token_revoke(token=record, actor=None, via=ApiTokenVia.CLI)
+    assert api_token_active(alice.token) is None
 
 
 def test_revoke_by_prefix_or_by_the_leaked_token_itself(alice):

@@ -169,6 +169,17 @@ def test_cache_clear_leaves_the_brokers_keys_alone():
         broker.delete("test-broker-key")
 
 
+def test_cache_builds_one_redis_client_per_pool():
+    """Not a new redis.Redis per get/set (the throttle makes two per request)."""
+    client = cache._cache.get_client(None, write=True)
+    assert cache._cache.get_client("k") is client
+    assert client.connection_pool is cache._cache._get_connection_pool(True)
+    cache.set("throttle_y", [3.5, 4.5], 10)
+    assert cache.get("throttle_y") == [3.5, 4.5]
+    cache.delete("throttle_y")
+    assert cache.get("throttle_y") is None
+
+
 @pytest.mark.django_db
 def test_https_redirect_spares_probes_and_metrics_and_trusts_the_proxy_header(client, settings):
     settings.SECURE_SSL_REDIRECT = True
