@@ -262,6 +262,11 @@ def parse_args(argv=None):
     parser.add_argument(
         "--capacity-seconds", type=float, help=f"per step; default {capacity.DEFAULT_SECONDS:g}"
     )
+    parser.add_argument(
+        "--capacity-peer-steps",
+        help="the Celery ETA peer's steps (default: the same as ours; 'none' skips the peer, "
+        "e.g. for a run that only looks for this service's ceiling)",
+    )
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--scenario", help=argparse.SUPPRESS)
     parser.add_argument("--scenario-out", help=argparse.SUPPRESS)

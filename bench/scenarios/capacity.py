@@ -429,9 +429,15 @@ def run(args) -> dict:
     print(f"   this service: steps {steps} payments/s, {args.capacity_seconds:g} s each")
     ours = run_ours(env, steps, args, sources, targets)
     checks = exactly_once_check()  # before the peer: its transfers carry no payment
-    print("   Celery ETA peer, same steps")
-    peer = run_peer(env, steps, args, sources, targets)
-    checks["reconcile_ok_after_peer"] = exactly_once_check()["reconcile_ok"]
+    peer_steps = steps
+    if getattr(args, "capacity_peer_steps", None):
+        chosen = args.capacity_peer_steps.strip().lower()
+        peer_steps = [] if chosen == "none" else [float(s) for s in chosen.split(",")]
+    peer = []
+    if peer_steps:
+        print(f"   Celery ETA peer, steps {peer_steps}")
+        peer = run_peer(env, peer_steps, args, sources, targets)
+        checks["reconcile_ok_after_peer"] = exactly_once_check()["reconcile_ok"]
 
     capacity = capacity_at_slo(ours)
     peer_capacity = capacity_at_slo(peer)

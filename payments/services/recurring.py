@@ -211,8 +211,10 @@ def recurring_set_status(*, schedule_id, client, action: str) -> RecurringPaymen
             schedule.consecutive_failures = 0
             if schedule.next_run_at is not None and schedule.next_run_at < now:
                 schedule.last_occurrence_at = now
-            nxt = planned(schedule, 1)
-            schedule.next_run_at = nxt[0] if nxt else None
+            # the same rule as every other move: no occurrence left (its end
+            # passed while it was paused) ends it, instead of leaving it active
+            # with nothing to run and counting against the client's quota
+            transitions.advance_schedule(schedule)
         if action == "cancel":
             schedule.next_run_at = None
         schedule.updated_at = now

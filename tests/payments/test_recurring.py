@@ -294,6 +294,32 @@ def test_dst_policy_reaches_upcoming_and_materialised_payments(
 # --- materialiser ------------------------------------------------------------------
 
 
+def test_resuming_a_schedule_whose_end_passed_while_paused_ends_it(alice):
+    """Nothing left to run: it ends (as the materialiser would end it), instead of
+    staying active with no next run — never materialised again, yet counted
+    against the client's quota of active schedules until cancelled."""
+    now = timezone.now()
+    start = now - timedelta(hours=5)
+    schedule = make_schedule(
+        alice.account.pk,
+        alice.other_account.pk,
+        start=start,
+        status="paused",
+        last_occurrence_at=start,
+        next_run_at=start + timedelta(hours=1),
+        occurrences_run=1,
+        end_time=now - timedelta(hours=1),
+    )
+    response = alice.api.post(f"/api/v1/recurring-payments/{schedule.pk}/resume")
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert (body["status"], body["next_run_at"]) == ("ended", None)
+    schedule.refresh_from_db()
+    assert (schedule.status, schedule.next_run_at) == ("ended", None)
+    again = alice.api.post(f"/api/v1/recurring-payments/{schedule.pk}/resume")
+    assert again.status_code == 409, again.content
+
+
 @pytest.mark.parametrize("policy", ["skip", "run_once", "run_all"])
 def test_resume_does_not_run_what_fell_due_while_paused(alice, settings, policy):
     """README: resuming continues from now; occurrences that fell due while the

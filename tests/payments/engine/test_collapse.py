@@ -17,13 +17,14 @@ from django.db import connection, transaction
 
 from ledger.models import Account, Hold, JournalEntry
 from ledger.reconciliation import reconcile
-from payments import services, tasks
+from payments import locks, services, tasks
 from payments.clock import db_now
 from payments.engine import executor
 from payments.exceptions import PaymentNotCancellable
 from payments.models import Payment, PaymentAttempt, PaymentEvent
 from tests.factories import AccountFactory, UserFactory
 from tests.payments.helpers import bulk_schedule, claim_batch, make_due, sweep
+from tests.plans import captured_sql, explain, index_scan
 
 pytestmark = pytest.mark.django_db
 
@@ -242,3 +243,29 @@ def test_cancels_racing_a_collapsed_batch_are_one_or_the_other():
     assert Account.objects.get(pk=source).held == 0
     assert reconcile().ok
     print(outcomes)
+
+
+@pytest.mark.postgres
+def test_the_collapse_reads_one_index_range_not_every_queued_payment(alice):
+    """Among thousands QUEUED far in the future (another partition, or not yet
+    due), the collapse's lock reads only the rows it may take: an index range on
+    (partition, due_at) of QUEUED payments, not a scan of the QUEUED set."""
+    far = db_now() + timedelta(days=1)
+    source, target = alice.account.pk, alice.other_account.pk
+    ids = bulk_schedule(sources=[source], targets=[target], count=2000, amount=1, due_at=far)
+    Payment.objects.filter(pk__in=ids).update(
+        status="QUEUED", lease_expires_at=far + timedelta(minutes=1)
+    )
+    partition = Payment.objects.get(pk=ids[0]).partition
+    Payment.objects.filter(pk__in=ids[:1000]).update(partition=(partition + 1) % 16)
+    due = ids[1000:1003]
+    Payment.objects.filter(pk__in=due).update(due_at=db_now() - timedelta(seconds=1))
+    with transaction.atomic():
+        sql = captured_sql(
+            lambda: locks.lock_due_queued([partition], now=db_now(), limit=200, exclude=[])
+        )
+        plan = explain(sql, "payments_payment")
+    scan = index_scan(plan, "payments_queued_partition_due")
+    assert scan is not None, plan
+    assert "partition" in scan.get("Index Cond", "") and "due_at" in scan["Index Cond"]
+    assert scan["Actual Rows"] == 3 and scan.get("Rows Removed by Filter", 0) == 0
