@@ -176,10 +176,12 @@ def capacity_rows(cap: dict, drain: dict | None) -> list[dict]:
         lowest = peer_steps[0]["rate_per_second"]
         row.update(value=round(ours / lowest, 2), met=ours / lowest >= 5 or None)
         row["note"] = f"{ours:g}/s vs peer < {lowest:g}/s: the ratio is > value"
+    else:  # --capacity-peer-steps none
+        row.update(met=None, note="the peer did not run (--capacity-peer-steps none)")
     rows.append(row)
     if cap.get("capacity_is_lower_bound"):  # ours met every step run: may do more than shown
         for row in rows:
-            if row["met"] is False and row["value"] is not None:
+            if row.get("met") is False and row["value"] is not None:
                 row["met"] = None
                 row["note"] += f"; this service met every step run: ≥ {ours:g}/s"
 
