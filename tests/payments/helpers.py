@@ -7,10 +7,12 @@ from django.db import transaction
 from django.utils import timezone
 
 from ledger.services import LedgerBatch
-from payments import tasks, transitions
+from payments import services, tasks, transitions
 from payments.clock import db_now
 from payments.engine import sweeper
+from payments.exceptions import PaymentNotCancellable
 from payments.models import Actor, Payment, RecurringPayment
+from tests.concurrency import run_in_threads
 
 
 def make_due(*payment_ids, seconds_ago=1):
@@ -96,3 +98,20 @@ def make_schedule(source, target, *, start, every=3600, **fields):
         next_run_at=fields.pop("next_run_at", start),
         **fields,
     )
+
+
+def race_cancel(execute, payment_id, owner):
+    """Run ``execute()`` and ``owner``'s cancel of ``payment_id`` in two threads
+    released at the same instant. Returns (errors, what the cancel told its
+    caller: ("cancelled", status) or ("refused", status named by the refusal))."""
+    answer = []
+
+    def cancel():
+        try:
+            payment = services.payment_cancel(payment_id=payment_id, client=owner, actor_user=owner)
+            answer.append(("cancelled", payment.status))
+        except PaymentNotCancellable as exc:
+            answer.append(("refused", exc.details["status"]))
+
+    errors = run_in_threads(lambda index: (execute, cancel)[index](), 2, timeout=30)
+    return errors, (answer[0] if answer else None)

@@ -1,21 +1,19 @@
 """Cancel racing execution, with real threads on PostgreSQL."""
 
-import threading
 import uuid
 
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 
 from ledger.models import Account, Hold, HoldStatus, JournalEntry
 from ledger.reconciliation import reconcile
 from payments import services
 from payments.clock import db_now
 from payments.engine import executor
-from payments.exceptions import PaymentNotCancellable
 from payments.models import Payment
 from tests.concurrency import run_in_threads
 from tests.factories import AccountFactory, UserFactory
-from tests.payments.helpers import bulk_schedule, claim_batch
+from tests.payments.helpers import bulk_schedule, claim_batch, race_cancel
 
 TRIALS = 60
 
@@ -35,34 +33,10 @@ def test_cancel_racing_execution_is_one_or_the_other():
     errors = []
 
     for pid in ids:
-        barrier = threading.Barrier(2)
-
-        def execute(pid=pid, barrier=barrier):
-            try:
-                barrier.wait()
-                executor.execute_chunk([(pid, claims[pid])])
-            except Exception as exc:
-                errors.append(exc)
-            finally:
-                connection.close()
-
-        def cancel(pid=pid, barrier=barrier):
-            try:
-                barrier.wait()
-                payment = services.payment_cancel(payment_id=pid, client=owner, actor_user=owner)
-                answers[pid] = ("cancelled", payment.status)
-            except PaymentNotCancellable as exc:
-                answers[pid] = ("refused", exc.details["status"])
-            except Exception as exc:
-                errors.append(exc)
-            finally:
-                connection.close()
-
-        threads = [threading.Thread(target=execute), threading.Thread(target=cancel)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(30)
+        failed, answers[pid] = race_cancel(
+            lambda pid=pid: executor.execute_chunk([(pid, claims[pid])]), pid, owner
+        )
+        errors += failed
 
         payment = Payment.objects.get(pk=pid)
         entries = JournalEntry.objects.filter(reference=f"payment:{pid}").count()

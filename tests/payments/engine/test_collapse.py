@@ -9,21 +9,19 @@ item of the chunk itself; each payment still moves money once, and the
 messages that find their payments done write nothing.
 """
 
-import threading
 from datetime import timedelta
 
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 
 from ledger.models import Account, Hold, JournalEntry
 from ledger.reconciliation import reconcile
-from payments import locks, services, tasks
+from payments import locks, tasks
 from payments.clock import db_now
 from payments.engine import executor
-from payments.exceptions import PaymentNotCancellable
 from payments.models import Payment, PaymentAttempt, PaymentEvent
 from tests.factories import AccountFactory, UserFactory
-from tests.payments.helpers import bulk_schedule, claim_batch, make_due, sweep
+from tests.payments.helpers import bulk_schedule, claim_batch, make_due, race_cancel, sweep
 from tests.plans import captured_sql, explain, index_scan
 
 pytestmark = pytest.mark.django_db
@@ -198,34 +196,10 @@ def test_cancels_racing_a_collapsed_batch_are_one_or_the_other():
     partition = Payment.objects.get(pk=ids[0]).partition
     answers, errors, outcomes = {}, [], {"CANCELLED": 0, "COMPLETED": 0}
     for a, b in zip(ids[::2], ids[1::2], strict=True):
-        barrier = threading.Barrier(2)
-
-        def execute(a=a, barrier=barrier):
-            try:
-                barrier.wait()
-                executor.execute_chunk([(a, fences[a])], partitions=[partition])
-            except Exception as exc:
-                errors.append(exc)
-            finally:
-                connection.close()
-
-        def cancel(b=b, barrier=barrier):
-            try:
-                barrier.wait()
-                payment = services.payment_cancel(payment_id=b, client=owner, actor_user=owner)
-                answers[b] = ("cancelled", payment.status)
-            except PaymentNotCancellable as exc:
-                answers[b] = ("refused", exc.details["status"])
-            except Exception as exc:
-                errors.append(exc)
-            finally:
-                connection.close()
-
-        threads = [threading.Thread(target=execute), threading.Thread(target=cancel)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(30)
+        failed, answers[b] = race_cancel(
+            lambda a=a: executor.execute_chunk([(a, fences[a])], partitions=[partition]), b, owner
+        )
+        errors += failed
         assert Payment.objects.get(pk=a).status == "COMPLETED"
         payment = Payment.objects.get(pk=b)
         hold = Hold.objects.get(pk=payment.hold_id)
