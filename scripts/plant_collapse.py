@@ -11,6 +11,7 @@ hour); results in docs/mutation-testing.md.
 
 import os
 import subprocess
+from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 plants = [
@@ -104,12 +105,12 @@ env = {
     "SECRET_KEY": "x",
 }
 for path, old, new, label in plants:
-    full = os.path.join(ROOT, path)
-    src = open(full).read()
+    full = Path(ROOT, path)
+    src = full.read_text()
     if old not in src:
         print(f"?? {label}: pattern not found")
         continue
-    open(full, "w").write(src.replace(old, new, 1))
+    full.write_text(src.replace(old, new, 1))
     try:
         r = subprocess.run(
             [
@@ -137,4 +138,4 @@ for path, old, new, label in plants:
             flush=True,
         )
     finally:
-        open(full, "w").write(src)
+        full.write_text(src)
