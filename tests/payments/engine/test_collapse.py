@@ -134,6 +134,20 @@ def test_a_batch_never_grows_past_the_chunk_size(alice, monkeypatch, settings):
     assert Payment.objects.filter(status="COMPLETED").count() == 5
 
 
+def test_the_last_free_place_is_filled_and_a_full_chunk_takes_nothing_more(
+    alice, monkeypatch, settings
+):
+    settings.PAYMENT_CHUNK_SIZE = 2
+    messages, partition = claimed(alice, 4, monkeypatch)
+    first = executor.execute_chunk(messages[0], partitions=[partition])
+    assert len(first.collapsed) == 1  # one place left: taken
+    left = [m[0] for m in messages if Payment.objects.get(pk=m[0][0]).status == "QUEUED"]
+    settings.PAYMENT_CHUNK_SIZE = 1  # lowered after the chunk was cut: it is over full
+    outcome = executor.execute_chunk(left, partitions=[partition])
+    assert sorted(outcome.completed) == sorted(pid for pid, _ in left)
+    assert outcome.collapsed == []
+
+
 def test_a_business_failure_in_a_collapsed_batch_fails_only_that_payment(alice, monkeypatch):
     messages, partition = claimed(alice, 3, monkeypatch)
     ids = [m[0][0] for m in messages]
