@@ -45,14 +45,17 @@ def lock_due_queued(
     partitions: Collection[int], *, now: datetime, limit: int, exclude: Iterable[str] = ()
 ) -> list[Payment]:
     """Lock up to ``limit`` more QUEUED payments of ``partitions`` that are due at
-    ``now`` (database clock) and whose lease is live, oldest due first — the
-    executor's collapse (DESIGN §4.1).
+    ``now`` (database clock), on their first claim and with a live lease,
+    oldest due first — the executor's collapse (DESIGN §4.1).
 
     ``SKIP LOCKED``: a row another executor (or a cancel) holds is left to it,
     never waited for. ``exclude`` are the chunk's own ids, locked already. An
     expired lease is the reaper's (as is the operator's execute-now claim,
-    whose lease ends at once: its own call runs it). One range of the partial
-    index on QUEUED ``(partition, due_at)``.
+    whose lease ends at once: its own call runs it). A payment claimed again
+    (its lease ran out: a lost message, or a payment that kept failing its
+    batch) runs only in its own message: one that breaks every transaction
+    it is in must not be carried into other clients' batches claim after
+    claim. One range of the partial index on QUEUED ``(partition, due_at)``.
     """
     return list(
         Payment.objects.select_for_update(no_key=True, skip_locked=True, of=("self",))
@@ -61,6 +64,7 @@ def lock_due_queued(
             partition__in=list(partitions),
             due_at__lte=now,
             lease_expires_at__gt=now,
+            attempts=1,
         )
         .exclude(pk__in=list(exclude))
         .order_by("due_at")[:limit]

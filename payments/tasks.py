@@ -113,13 +113,15 @@ def execute_chunk(self, items: list[list], partitions: list[int] | None = None) 
             logger.warning(
                 "chunk of %s failed (%s); retry %s", len(items), type(exc).__name__, retries + 1
             )
-            raise self.retry(exc=exc, countdown=backoff_seconds(retries)) from exc
+            # The retry runs only the chunk's own items: if a payment the
+            # collapse took in is what failed, it stays out of this chunk's
+            # way (and of the split below).
+            raise self.retry(exc=exc, countdown=backoff_seconds(retries), kwargs={}) from exc
         if len(items) > 1:
             metrics.chunk_splits.inc()
             half = len(items) // 2
-            partition = (partitions or [None])[0]
-            if partition is None:
-                partition = selectors.partitions_of([items[0][0]]).get(items[0][0], 0)
+            # on the queue of the first item's partition
+            partition = selectors.partitions_of([items[0][0]]).get(items[0][0], 0)
             # The halves run only their own items (no collapse): one of them
             # holds what kept failing, and the split is to find which.
             for part in (items[:half], items[half:]):

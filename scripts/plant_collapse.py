@@ -24,6 +24,13 @@ plants = [
         "collapse: drop QUEUED",
     ),
     ("payments/locks.py", "partition__in=list(partitions),", "", "collapse: any partition"),
+    ("payments/locks.py", "attempts=1,", "", "collapse: payments claimed again too"),
+    (
+        "payments/tasks.py",
+        "countdown=backoff_seconds(retries), kwargs={})",
+        "countdown=backoff_seconds(retries))",
+        "retries collapse too",
+    ),
     (
         "payments/locks.py",
         ".exclude(pk__in=list(exclude))",

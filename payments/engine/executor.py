@@ -11,7 +11,8 @@ For a chunk of ``(payment id, fence)`` pairs (and the partitions it holds):
    be re-published with a countdown (a payment never runs early);
 3. **collapse**: fill the batch up to ``PAYMENT_CHUNK_SIZE`` with every other
    QUEUED payment of the chunk's partitions that is due by the database clock,
-   whose lease is live and that nobody else has locked (``SKIP LOCKED``). A
+   on its first claim with a live lease, and that nobody else has locked
+   (``SKIP LOCKED``; a retried delivery of the chunk does not collapse). A
    lone payment still goes out alone at once; when messages queue up behind
    busy workers, the first one taken runs its partitions' due backlog as one
    batch and the rest find their payments done — so the cost per payment

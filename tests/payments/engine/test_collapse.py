@@ -109,6 +109,40 @@ def test_a_payment_whose_lease_ran_out_is_left_to_the_reaper(alice, monkeypatch)
     assert outcome.collapsed == [] and Payment.objects.get(pk=expired).status == "QUEUED"
 
 
+def test_a_payment_claimed_again_runs_only_in_its_own_message(alice, monkeypatch):
+    """Its lease ran out once (a lost message, or a batch it kept failing): it is
+    not carried into other messages' batches again."""
+    messages, partition = claimed(alice, 2, monkeypatch)
+    again = messages[1][0][0]
+    Payment.objects.filter(pk=again).update(attempts=2)
+    outcome = executor.execute_chunk(messages[0], partitions=[partition])
+    assert outcome.collapsed == [] and Payment.objects.get(pk=again).status == "QUEUED"
+    own = executor.execute_chunk(messages[1], partitions=[partition])
+    assert own.completed == [again]
+
+
+def test_a_retried_chunk_runs_only_its_own_items(monkeypatch, settings):
+    """A transient failure may come from a payment the collapse took in: the
+    retries and the split run without collapsing, so the chunk's own payments go
+    out without it."""
+    from django.db import OperationalError
+
+    settings.PAYMENT_CHUNK_RETRIES = 2
+    calls = []
+
+    def flaky(chunk, *, partitions=(), **kwargs):
+        calls.append(tuple(partitions))
+        if partitions:  # the collapsed poison
+            raise OperationalError("server closed the connection unexpectedly")
+        return executor.ChunkResult(completed=[pid for pid, _ in chunk])
+
+    monkeypatch.setattr(executor, "execute_chunk", flaky)
+    monkeypatch.setattr(tasks, "backoff_seconds", lambda retries: 0)
+    result = tasks.execute_chunk.apply(args=[[["a", 1], ["b", 1]]], kwargs={"partitions": [3, 5]})
+    assert result.result == {"completed": 2, "failed": 0, "stale": 0}
+    assert calls == [(3, 5), ()]
+
+
 def test_a_stale_item_of_the_chunk_is_not_run_by_its_own_collapse(alice, monkeypatch):
     """(pid, old fence) in the message, the payment QUEUED again under a newer
     fence (reaped and re-claimed): the old message must not run it, not even as
@@ -241,8 +275,8 @@ def test_the_collapse_reads_one_index_range_not_every_queued_payment(alice):
     far = db_now() + timedelta(days=1)
     source, target = alice.account.pk, alice.other_account.pk
     ids = bulk_schedule(sources=[source], targets=[target], count=2000, amount=1, due_at=far)
-    Payment.objects.filter(pk__in=ids).update(
-        status="QUEUED", lease_expires_at=far + timedelta(minutes=1)
+    Payment.objects.filter(pk__in=ids).update(  # as a first claim leaves them
+        status="QUEUED", attempts=1, lease_expires_at=far + timedelta(minutes=1)
     )
     partition = Payment.objects.get(pk=ids[0]).partition
     Payment.objects.filter(pk__in=ids[:1000]).update(partition=(partition + 1) % 16)
