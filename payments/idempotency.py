@@ -19,6 +19,7 @@ Keys are kept ``IDEMPOTENCY_TTL`` (24 h); an expired key starts afresh.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -45,6 +46,23 @@ class Claim:
     replay: bool
 
 
+@functools.cache
+def _insert_sql(using: str) -> tuple[str, tuple]:
+    """The claim's ``INSERT … ON CONFLICT (client, key) DO NOTHING RETURNING id`` and
+    the fields it writes, built once per database from the model's metadata."""
+    quote = connections[using].ops.quote_name
+    meta = IdempotencyKey._meta
+    fields = tuple(f for f in meta.concrete_fields if not f.primary_key)
+    columns = ", ".join(quote(f.column) for f in fields)
+    conflict = ", ".join(quote(meta.get_field(name).column) for name in ("client", "key"))
+    sql = (
+        f"INSERT INTO {quote(meta.db_table)} ({columns}) "  # noqa: S608 - names from _meta
+        f"VALUES ({', '.join(['%s'] * len(fields))}) "
+        f"ON CONFLICT ({conflict}) DO NOTHING RETURNING {quote(meta.pk.column)}"
+    )
+    return sql, fields
+
+
 def _insert_in_flight(record: IdempotencyKey) -> bool:
     """INSERT the new claim ``record`` unless its (client, key) exists; True (and
     ``record.pk`` set) if this call inserted it.
@@ -57,16 +75,7 @@ def _insert_in_flight(record: IdempotencyKey) -> bool:
     """
     using = router.db_for_write(IdempotencyKey)
     connection = connections[using]
-    meta = IdempotencyKey._meta
-    fields = [f for f in meta.concrete_fields if not f.primary_key]
-    quote = connection.ops.quote_name
-    columns = ", ".join(quote(f.column) for f in fields)
-    conflict = ", ".join(quote(meta.get_field(name).column) for name in ("client", "key"))
-    sql = (
-        f"INSERT INTO {quote(meta.db_table)} ({columns}) "  # noqa: S608 - names from _meta
-        f"VALUES ({', '.join(['%s'] * len(fields))}) "
-        f"ON CONFLICT ({conflict}) DO NOTHING RETURNING {quote(meta.pk.column)}"
-    )
+    sql, fields = _insert_sql(using)
     params = [f.get_db_prep_save(getattr(record, f.attname), connection) for f in fields]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
