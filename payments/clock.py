@@ -1,7 +1,8 @@
 """The one clock: due-ness is decided by the database, never a worker's clock."""
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
+from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
@@ -18,6 +19,34 @@ def db_now() -> datetime:
             cursor.execute("SELECT clock_timestamp()")
             return cursor.fetchone()[0]
     return timezone.now()
+
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def spread_grid(lookahead: float | None = None) -> timedelta | None:
+    """The grid the sweeper claims and cuts chunks on: slots of
+    ``PAYMENT_CHUNK_SPREAD_MS`` counted from the Unix epoch (as PostgreSQL's
+    ``date_bin(…, 'epoch')``). None when there is no spread, or when the
+    lookahead is shorter than a slot: then the claim cannot wait for a slot
+    to end without running its payments late. ``lookahead``: the claim's,
+    by default ``PAYMENT_LOOKAHEAD_SECONDS``."""
+    if lookahead is None:
+        lookahead = settings.PAYMENT_LOOKAHEAD_SECONDS
+    spread = timedelta(milliseconds=settings.PAYMENT_CHUNK_SPREAD_MS)
+    if spread <= timedelta(0) or lookahead < spread.total_seconds():
+        return None
+    return spread
+
+
+def same_slot(first: datetime, later: datetime) -> bool:
+    """Whether ``later`` may share a chunk with ``first`` (due no earlier): the
+    same slot of the grid (``spread_grid``) or, with no grid, due within the
+    spread of it."""
+    grid = spread_grid()
+    if grid is None:
+        return later - first <= timedelta(milliseconds=settings.PAYMENT_CHUNK_SPREAD_MS)
+    return (first - EPOCH) // grid == (later - EPOCH) // grid
 
 
 # The API's one way to write an instant: UTC, always six fractional digits, "Z".

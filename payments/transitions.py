@@ -52,7 +52,7 @@ from ledger.services import LedgerBatch
 
 from . import routing, webhooks
 from .calendar import planned
-from .clock import db_now, iso_timestamp
+from .clock import EPOCH, db_now, iso_timestamp, spread_grid
 from .exceptions import PaymentNotCancellable, PaymentNotModifiable, RecurringNotChangeable
 from .models import (
     DEAD_LETTER_CODE,
@@ -193,11 +193,11 @@ class Claimed:
     due_at: datetime
 
 
-_CLAIM_SQL = """
+_CLAIM_SQL_TEMPLATE = """
 WITH due AS (
     SELECT id FROM payments_payment
      WHERE status = 'PENDING'
-       AND run_at <= statement_timestamp() + make_interval(secs => %(lookahead)s)
+       AND {cutoff}
      ORDER BY run_at
      LIMIT %(limit)s
        FOR NO KEY UPDATE SKIP LOCKED
@@ -214,11 +214,18 @@ WITH due AS (
 ), events AS (
     INSERT INTO payments_paymentevent
            (payment_id, type, from_status, to_status, actor, fence, data, created_at)
-    SELECT id, 'queued', 'PENDING', 'QUEUED', 'system', fence, '{}'::jsonb, clock_timestamp()
+    SELECT id, 'queued', 'PENDING', 'QUEUED', 'system', fence, '{{}}'::jsonb, clock_timestamp()
       FROM claimed
 )
 SELECT id, fence, partition, due_at FROM claimed
 """
+_HORIZON = "statement_timestamp() + make_interval(secs => %(lookahead)s)"
+_CLAIM_SQL = _CLAIM_SQL_TEMPLATE.format(cutoff=f"run_at <= {_HORIZON}")
+# Whole slots of the spread grid only (clock.spread_grid): the horizon rounded
+# down to a slot's start, whose payments belong to the next slot.
+_CLAIM_SLOTS_SQL = _CLAIM_SQL_TEMPLATE.format(
+    cutoff=f"run_at < date_bin(make_interval(secs => %(grid)s), {_HORIZON}, 'epoch')"
+)
 
 
 def claim_due(*, limit: int, lookahead: float) -> list[Claimed]:
@@ -227,21 +234,34 @@ def claim_due(*, limit: int, lookahead: float) -> list[Claimed]:
     ``PAYMENT_LEASE_SECONDS``, a ``queued`` event each. Caller commits before
     anything is published.
 
+    With a spread grid (``clock.spread_grid``) the horizon is rounded down
+    to the start of a slot: a sweep claims whole slots, so the sweeper cuts a
+    steady flow into one chunk per slot instead of a chunk and a fragment at
+    every sweep (measured at 150/s: half the messages held one payment). A
+    payment is then claimed between ``lookahead`` less one slot and
+    ``lookahead`` ahead of its run time.
+
     The cutoff uses ``statement_timestamp()``: it is *stable*, so PostgreSQL
     bounds the partial-index scan with it; the volatile ``clock_timestamp()``
     can only be a filter, and an idle sweep then reads every pending row.
     """
     lease = settings.PAYMENT_LEASE_SECONDS
+    grid = spread_grid(lookahead)
     if connection.vendor == "postgresql":
+        params = {"lookahead": lookahead, "limit": limit, "lease": lease}
+        sql = _CLAIM_SQL
+        if grid is not None:
+            sql, params["grid"] = _CLAIM_SLOTS_SQL, grid.total_seconds()
         with connection.cursor() as cursor:
-            cursor.execute(_CLAIM_SQL, {"lookahead": lookahead, "limit": limit, "lease": lease})
+            cursor.execute(sql, params)
             return [Claimed(str(r[0]), r[1], r[2], r[3]) for r in cursor.fetchall()]
     # SQLite (embedded default): one writer at a time, so no SKIP LOCKED needed.
     now = db_now()
+    horizon = {"run_at__lte": now + timedelta(seconds=lookahead)}
+    if grid is not None:
+        horizon = {"run_at__lt": EPOCH + (horizon["run_at__lte"] - EPOCH) // grid * grid}
     ids = list(
-        Payment.objects.filter(
-            status=PaymentStatus.PENDING, run_at__lte=now + timedelta(seconds=lookahead)
-        )
+        Payment.objects.filter(status=PaymentStatus.PENDING, **horizon)
         .order_by("run_at")
         .values_list("pk", flat=True)[:limit]
     )

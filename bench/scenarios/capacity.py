@@ -22,8 +22,11 @@ Per step: lateness p50/p95/p99 of the step's own payments (``executed_at -
 due_at``, both database clock; a payment still open at the timeout counts
 with its lateness so far, a lower bound, and fails the step), API schedule
 and status p95 (ms), payment-worker and PostgreSQL CPU per executed payment
-(ms; every payment executed in the window, the API's included; PostgreSQL
-is every server process on the host, so it also carries the API's queries),
+(ms; the CPU used in the window ``[T0, T0 + seconds)`` over every payment
+executed in it, the API's included — the API's tail after the window runs at
+a falling rate, so it is left out (the JSON keeps the whole step's numbers as
+``cpu_whole_step``); PostgreSQL is every server process on the host, so it
+also carries the API's queries),
 executed and open counts, and the sweep interval p99: the upper bound of the
 bucket of the service's ``payments_sweep_interval_seconds`` histogram holding
 the 99th percentile of the step's observations ("≤ X s"), read from the
@@ -200,6 +203,15 @@ def our_step(ctx: Ours, index: int, rate: float) -> dict:
     if with_api:
         loader.join()
     sleep_until(t0_mono + seconds)
+    # CPU per payment over the window only: after it the API's payments (due up
+    # to 30 s past it) trickle out at a falling rate, which is not this step's.
+    window_end = db_now()
+    cpu_window = (
+        tree_cpu_seconds(ctx.worker_pid) - cpu0[0],
+        postgres_cpu_since(cpu0[1]),
+        tree_cpu_seconds(ctx.timers_pid) - cpu0[2],
+    )
+    wall_window = time.monotonic() - wall0
     mine = Payment.objects.filter(from_account__in=ctx.sources, due_at__gte=t0)
     open_at_window_end = mine.filter(status__in=OPEN_STATUSES).count()
     remaining = wait_terminal(ctx.timeout)
@@ -226,9 +238,9 @@ def our_step(ctx: Ours, index: int, rate: float) -> dict:
             continue
         lateness.append(late)
         per_second.setdefault(int((due - t0).total_seconds()), []).append(late)
-    executed = Payment.objects.filter(
-        status="COMPLETED", executed_at__gte=t0, executed_at__lte=end
-    ).count()
+    completed = Payment.objects.filter(status="COMPLETED", executed_at__gte=t0)
+    executed = completed.filter(executed_at__lte=end).count()
+    executed_window = completed.filter(executed_at__lte=window_end).count()
     summary = summarize(lateness, digits=3)
     worker_cpu, pg_cpu, timers_cpu = cpu1[0] - cpu0[0], cpu1[1], cpu1[2] - cpu0[2]
     sweeps = histogram_quantile_bound(sweeps0, sweeps1, 0.99)
@@ -253,7 +265,18 @@ def our_step(ctx: Ours, index: int, rate: float) -> dict:
         "api": api_summary,
         "schedule_p95_ms": api_summary.get("schedule", {}).get("latency_ms", {}).get("p95"),
         "status_p95_ms": api_summary.get("status", {}).get("latency_ms", {}).get("p95"),
+        # over the window [T0, T0 + seconds): what the report's per-payment columns show
         "cpu": {
+            "wall_seconds": round(wall_window, 1),
+            "executed": executed_window,
+            "worker_cpu_seconds": round(cpu_window[0], 1),
+            "timers_cpu_seconds": round(cpu_window[2], 1),
+            "postgres_cpu_seconds": round(cpu_window[1], 1),
+            "worker_ms_per_payment": per_payment_ms(cpu_window[0], executed_window),
+            "postgres_ms_per_payment": per_payment_ms(cpu_window[1], executed_window),
+        },
+        # from T0 until every payment was terminal (the API's tail included)
+        "cpu_whole_step": {
             "wall_seconds": round(wall, 1),
             "worker_cpu_seconds": round(worker_cpu, 1),
             "timers_cpu_seconds": round(timers_cpu, 1),

@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import connection, transaction
 
-from ..clock import db_now
+from ..clock import db_now, same_slot
 from ..models import Payment, PaymentStatus
 from ..transitions import Claimed, claim_due
 
@@ -45,12 +45,15 @@ class SweepResult:
 def chunk_claims(claims: list[Claimed], now: datetime | None = None) -> list[Chunk]:
     """Cut claims into chunks, one message each: (partitions, eta, claims).
 
-    First by time: a window holds the claims due within
-    ``PAYMENT_CHUNK_SPREAD_MS`` of its first, whatever their partition; its
-    chunks' ETA is their latest due time, so no payment in them is attempted
-    early and none waits more than the spread. Payments already due at
-    ``now`` wait for no one, so the spread does not split them: a backlog
-    is claimed in full-size chunks.
+    First by time: a window holds the claims due within one slot of the
+    ``PAYMENT_CHUNK_SPREAD_MS`` grid (``clock.same_slot``), whatever their
+    partition; its chunks' ETA is their latest due time, so no payment in
+    them is attempted early and none waits more than the spread. The grid is
+    the claim's too (``transitions.claim_due`` claims whole slots), so a
+    steady flow is one window per slot, never a window and a fragment cut
+    off by where the lookahead happened to end. Payments already due at
+    ``now`` wait for no one, so the slots do not split them: a backlog is
+    claimed in full-size chunks.
 
     Then by size, adapting to the load: within a window each partition's
     claims stay together (up to ``PAYMENT_CHUNK_SIZE`` per chunk) and small
@@ -62,12 +65,11 @@ def chunk_claims(claims: list[Claimed], now: datetime | None = None) -> list[Chu
     its partitions (``engine.executor``).
     """
     size = settings.PAYMENT_CHUNK_SIZE
-    spread = timedelta(milliseconds=settings.PAYMENT_CHUNK_SPREAD_MS)
     windows: list[list[Claimed]] = []
     current: list[Claimed] = []
     for claim in sorted(claims, key=lambda c: c.due_at):
         waits = now is None or claim.due_at > now  # would hold the window back
-        if current and waits and claim.due_at - current[0].due_at > spread:
+        if current and waits and not same_slot(current[0].due_at, claim.due_at):
             windows.append(current)
             current = []
         current.append(claim)

@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from ledger.services import LedgerBatch
 from payments import services, tasks, transitions
-from payments.clock import db_now
+from payments.clock import EPOCH, db_now
 from payments.engine import sweeper
 from payments.exceptions import PaymentNotCancellable
 from payments.models import Actor, Payment, RecurringPayment
@@ -30,6 +30,12 @@ class Published(list):
 
     def items(self):
         return [tuple(item) for _, items, _ in self for item in items]
+
+
+def slot_start():
+    """Now, rounded down to the start of its slot of the spread grid (``clock.spread_grid``)."""
+    grid = timedelta(milliseconds=settings.PAYMENT_CHUNK_SPREAD_MS)
+    return EPOCH + (timezone.now() - EPOCH) // grid * grid
 
 
 def claim_batch(limit, lookahead=None):

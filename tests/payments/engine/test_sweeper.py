@@ -12,7 +12,7 @@ from payments import transitions
 from payments.clock import db_now
 from payments.engine import executor, sweeper
 from payments.models import Payment
-from tests.payments.helpers import capture_publish, claim_batch, make_due, sweep
+from tests.payments.helpers import capture_publish, claim_batch, make_due, slot_start, sweep
 from tests.plans import explain, index_scan
 
 pytestmark = pytest.mark.django_db
@@ -70,7 +70,7 @@ def test_lookahead_publishes_with_eta_not_early(alice, monkeypatch):
 def test_chunking_by_partition_size_and_spread(settings):
     settings.PAYMENT_CHUNK_SIZE = 2
     settings.PAYMENT_CHUNK_SPREAD_MS = 50
-    t0 = timezone.now()
+    t0 = slot_start()
     claims = [
         transitions.Claimed("a", 1, 0, t0),
         transitions.Claimed("b", 1, 0, t0 + timedelta(milliseconds=10)),

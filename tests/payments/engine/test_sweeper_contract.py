@@ -14,13 +14,13 @@ import pytest
 from django.utils import timezone
 
 from payments import routing, selectors, tasks, transitions
-from payments.clock import db_now
+from payments.clock import EPOCH, db_now, spread_grid
 from payments.engine import executor, sweeper
 from payments.models import Payment
 from payments.routing import partition_for
 from tests.factories import AccountFactory
 from tests.payments.engine.timer import in_another_transaction, queued_payment, sweep_due
-from tests.payments.helpers import bulk_schedule, capture_publish, make_due, sweep
+from tests.payments.helpers import bulk_schedule, capture_publish, make_due, slot_start, sweep
 
 pytestmark = pytest.mark.django_db
 
@@ -67,19 +67,31 @@ def test_a_claim_queues_the_payment_under_a_new_fence_with_a_lease(
         )
 
 
-@pytest.mark.parametrize("lookahead", [0.0, 1.5])
+@pytest.mark.parametrize(("lookahead", "spread_ms"), [(0.0, 200), (1.5, 0), (1.5, 200)])
 def test_nothing_is_claimed_before_its_run_time_plus_the_lookahead(
-    alice, monkeypatch, settings, frozen_clock, lookahead
+    alice, monkeypatch, settings, frozen_clock, lookahead, spread_ms
 ):
-    """Never early: the cutoff is the database clock plus the lookahead, inclusive;
-    a payment claimed ahead is published with a countdown to its due time."""
+    """Never early: the cutoff is the database clock plus the lookahead, inclusive
+    — or, with a grid of spread slots (a lookahead of a slot or more), rounded
+    down to the start of its slot, exclusive: a sweep claims whole slots. A
+    payment claimed ahead is published with a countdown to its due time."""
     settings.PAYMENT_LOOKAHEAD_SECONDS = lookahead
+    settings.PAYMENT_CHUNK_SPREAD_MS = spread_ms
     edge, late, cancelled = schedule(alice, 3)
-    cutoff = (frozen_clock or db_now()) + timedelta(seconds=lookahead)
-    set_times(edge, due_at=cutoff)
-    # one microsecond past the cutoff on the frozen clock; on PostgreSQL's
-    # running clock, far enough past it that the sweep cannot reach it
-    set_times(late, due_at=cutoff + timedelta(microseconds=1 if frozen_clock else 30_000_000))
+    now = frozen_clock or db_now()
+    cutoff = now + timedelta(seconds=lookahead)
+    grid = spread_grid()
+    assert (grid is not None) == (lookahead > 0 and spread_ms > 0)
+    if grid:
+        slot_start = EPOCH + (cutoff - EPOCH) // grid * grid
+        assert cutoff - grid < slot_start <= cutoff
+        edge_due, late_due = slot_start - timedelta(microseconds=1), slot_start
+    else:
+        edge_due, late_due = cutoff, cutoff + timedelta(microseconds=1)
+    set_times(edge, due_at=edge_due)
+    # just past the cutoff on the frozen clock; on PostgreSQL's running clock,
+    # far enough past it that the sweep cannot reach it
+    set_times(late, due_at=late_due if frozen_clock else cutoff + timedelta(seconds=30))
     make_due(cancelled)
     assert alice.api.delete(f"/api/v1/payments/{cancelled}/cancel").status_code == 200
     result, published = sweep(monkeypatch)
@@ -87,10 +99,11 @@ def test_nothing_is_claimed_before_its_run_time_plus_the_lookahead(
     assert Payment.objects.get(pk=late).status == "PENDING"
     assert Payment.objects.get(pk=cancelled).status == "CANCELLED"
     ((_, _, countdown),) = published
+    ahead = (edge_due - now).total_seconds()
     if frozen_clock:
-        assert countdown == (lookahead or None)
-    elif lookahead:
-        assert 0 < countdown <= lookahead
+        assert countdown == (ahead if ahead > 0 else None)
+    elif ahead > 0:
+        assert 0 < countdown <= ahead
     else:
         assert countdown is None
 
@@ -272,9 +285,47 @@ def test_publish_claims_one_message_per_partition_chunk_eta_by_the_database_cloc
     ]
 
 
-def test_chunks_close_at_the_size_and_past_the_spread(settings):
+def test_chunks_close_at_the_size_and_at_the_end_of_a_slot(settings):
+    """With a lookahead of a slot or more, a window is one slot of the spread
+    grid: whole slots are what a sweep claims, so where one sweep's claims end
+    never cuts a window in two."""
     settings.PAYMENT_CHUNK_SIZE = 3
     settings.PAYMENT_CHUNK_SPREAD_MS = 50
+    settings.PAYMENT_LOOKAHEAD_SECONDS = 1.0
+    now = slot_start() + timedelta(milliseconds=10)
+
+    def at(ms):
+        return now + timedelta(milliseconds=ms)
+
+    claims = [
+        transitions.Claimed("b3", 1, 5, at(89)),  # the last instant of slot [40, 90)
+        transitions.Claimed("b1", 1, 5, at(40)),  # the first instant of that slot
+        transitions.Claimed("b4", 1, 5, at(90)),  # the next slot
+        transitions.Claimed("b2", 1, 5, at(60)),
+        transitions.Claimed("c1", 1, 5, at(100)),  # 10 ms after b4: still its slot
+        transitions.Claimed("c2", 1, 5, at(140)),  # the next
+        transitions.Claimed("a1", 1, 1, at(0)),  # due exactly now: waits for no one
+        transitions.Claimed("a0", 1, 1, at(-1000)),
+    ]
+    chunks = [
+        (partitions, eta, [c.payment_id for c in chunk])
+        for partitions, eta, chunk in sweeper.chunk_claims(claims, now)
+    ]
+    assert chunks == [
+        ((1,), at(0), ["a0", "a1"]),
+        ((5,), at(89), ["b1", "b2", "b3"]),
+        ((5,), at(100), ["b4", "c1"]),
+        ((5,), at(140), ["c2"]),
+    ]
+
+
+def test_without_a_grid_chunks_close_past_the_spread_from_their_first(settings):
+    """A lookahead shorter than a slot (or no spread) has no grid: waiting for a
+    slot to end would run its payments late. A window then holds what is due
+    within the spread of its first claim."""
+    settings.PAYMENT_CHUNK_SIZE = 3
+    settings.PAYMENT_CHUNK_SPREAD_MS = 50
+    settings.PAYMENT_LOOKAHEAD_SECONDS = 0.04
     now = timezone.now()
 
     def at(ms):
@@ -308,7 +359,7 @@ def test_chunks_adapt_to_the_load_small_partitions_share_full_ones_stand_alone(s
     and a chunk is never over the size."""
     settings.PAYMENT_CHUNK_SIZE = 4
     settings.PAYMENT_CHUNK_SPREAD_MS = 200
-    now = timezone.now()
+    now = slot_start()
 
     def at(ms):
         return now + timedelta(milliseconds=ms)
