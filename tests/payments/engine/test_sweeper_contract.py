@@ -7,6 +7,7 @@ On the ORM path the database clock is frozen, so boundaries are exact.
 """
 
 import logging
+import time
 import uuid
 from datetime import timedelta
 
@@ -19,7 +20,12 @@ from payments.engine import executor, sweeper
 from payments.models import Payment
 from payments.routing import partition_for
 from tests.factories import AccountFactory
-from tests.payments.engine.timer import in_another_transaction, queued_payment, sweep_due
+from tests.payments.engine.timer import (
+    CLOCK_READERS,
+    in_another_transaction,
+    queued_payment,
+    sweep_due,
+)
 from tests.payments.helpers import bulk_schedule, capture_publish, make_due, slot_start, sweep
 
 pytestmark = pytest.mark.django_db
@@ -494,3 +500,42 @@ def test_two_sweepers_never_claim_or_publish_the_same_payment(monkeypatch):
         assert (payment.status, payment.fence, payment.attempts) == ("QUEUED", 1, 1)
         types = payment.events.order_by("pk").values_list("type", flat=True)
         assert list(types) == ["scheduled", "queued"]  # claimed once
+
+
+def test_a_steady_flow_is_one_message_per_slot_whenever_the_sweeps_run(
+    alice, monkeypatch, settings, timer_path
+):
+    """Sweeps at irregular moments each claim whole slots of the spread grid, so
+    a steady flow goes out as one message per slot: no slot is cut in two by
+    where a sweep's lookahead happened to end (before the grid, half the
+    messages of a 150/s flow held a single payment)."""
+    settings.PAYMENT_LOOKAHEAD_SECONDS = 1.0
+    settings.PAYMENT_CHUNK_SPREAD_MS = 200
+    grid = timedelta(milliseconds=200)
+    start = db_now()
+    clock = [start]
+    if timer_path == "portable":  # a database clock that moves only when told to
+        for module in CLOCK_READERS:
+            monkeypatch.setattr(module, "db_now", lambda: clock[0])
+    ids = bulk_schedule(
+        sources=[alice.account.pk],
+        targets=[alice.other_account.pk],
+        count=150,
+        amount=1,
+        due_at=start,
+    )
+    due = {pid: start + timedelta(milliseconds=300 + 11 * n) for n, pid in enumerate(ids)}
+    for pid, at in due.items():
+        set_times(pid, due_at=at)
+    published = capture_publish(monkeypatch)
+    for pause in (0.0, 0.13, 0.29, 0.07, 0.33, 0.21, 0.17, 0.4, 0.5):
+        if timer_path == "portable":
+            clock[0] += timedelta(seconds=pause)
+        else:
+            time.sleep(pause)
+        sweeper.sweep_due(publish=tasks.publish_chunks)
+    slots_of = [{(due[pid] - EPOCH) // grid for pid, _ in items} for _, items, _ in published]
+    assert all(len(slots) == 1 for slots in slots_of), slots_of
+    slots = [slots.pop() for slots in slots_of]
+    assert len(slots) == len(set(slots)), "a slot went out in two messages"
+    assert sorted(pid for _, items, _ in published for pid, _ in items) == sorted(ids)
