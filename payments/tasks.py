@@ -170,8 +170,9 @@ def sweep_once() -> sweeper.SweepResult:
 def sweep() -> dict:
     """One beat tick of the sweeper (beat fires it every second).
 
-    Once it finds work — it claimed something, or held back for the
-    executors — it sweeps again every ``PAYMENT_SWEEP_TICK_MS`` within
+    Once it finds work — it claimed something, held back for the
+    executors, or the next slot of the spread grid holds payments
+    (``sweeper.work_ahead``) — it sweeps again every ``PAYMENT_SWEEP_TICK_MS`` within
     ``PAYMENT_SWEEP_WINDOW_SECONDS`` (under beat's 1 s interval): under load a
     payment is claimed within a tick of entering the lookahead, and the gap
     between sweeps does not depend on how punctually beat fires (exported as
@@ -187,7 +188,7 @@ def sweep() -> dict:
     while True:
         result = sweep_once()
         claimed, messages = claimed + result.claimed, messages + result.messages
-        busy = busy or bool(result.claimed) or result.backpressure
+        busy = busy or bool(result.claimed) or result.backpressure or result.work_ahead
         if not busy or time.monotonic() + tick > deadline:
             return {"claimed": claimed, "messages": messages}
         time.sleep(tick)

@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import connection, transaction
 
-from ..clock import db_now, same_slot
+from ..clock import db_now, same_slot, spread_grid
 from ..models import Payment, PaymentStatus
 from ..transitions import Claimed, claim_due
 
@@ -38,6 +38,9 @@ class SweepResult:
     batches: int = 0
     seconds: float = 0.0
     backpressure: bool = False
+    # nothing claimed, but the next slot of the spread grid holds work: the
+    # sweep should look again within the slot, not at the next beat
+    work_ahead: bool = False
     lag: float = 0.0
     batch_sizes: list[int] = field(default_factory=list)
 
@@ -171,6 +174,38 @@ def executor_state() -> ExecutorState:
     return ExecutorState(behind=remaining < half_lease, lag=lag)
 
 
+_WORK_AHEAD_SQL = """
+SELECT EXISTS (
+    SELECT 1 FROM payments_payment
+     WHERE status = 'PENDING'
+       AND run_at < statement_timestamp() + make_interval(secs => %(ahead)s)
+)
+"""
+
+
+def work_ahead() -> bool:
+    """Whether a PENDING payment's run time falls within the lookahead plus one
+    slot of the spread grid (``clock.spread_grid``; False without a grid).
+
+    A sweep claims whole slots only, so one may find nothing to claim while
+    the slot now entering the lookahead fills: the timer worker has to sweep
+    again within the slot, not wait for beat's next tick, or the slot is
+    claimed up to a second late and its payments run late. One probe of the
+    partial index on PENDING run times.
+    """
+    grid = spread_grid()
+    if grid is None:
+        return False
+    ahead = settings.PAYMENT_LOOKAHEAD_SECONDS + grid.total_seconds()
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(_WORK_AHEAD_SQL, {"ahead": ahead})
+            return cursor.fetchone()[0]
+    return Payment.objects.filter(
+        status=PaymentStatus.PENDING, run_at__lt=db_now() + timedelta(seconds=ahead)
+    ).exists()
+
+
 def sweep_due(
     *, publish: Callable[[list[Chunk], datetime], int], max_batches: int = 50
 ) -> SweepResult:
@@ -209,6 +244,8 @@ def sweep_due(
             result.batch_sizes.append(len(claims))
         if len(claims) < min(batch_size, room):
             break
+    if not result.claimed and not result.backpressure:
+        result.work_ahead = work_ahead()
     result.seconds = time.monotonic() - started
     if result.claimed:
         logger.info(

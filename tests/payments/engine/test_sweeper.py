@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from ledger.models import JournalEntry
 from payments import transitions
-from payments.clock import db_now
+from payments.clock import EPOCH, db_now
 from payments.engine import executor, sweeper
 from payments.models import Payment
 from tests.payments.helpers import capture_publish, claim_batch, make_due, slot_start, sweep
@@ -248,6 +248,44 @@ def test_a_busy_sweep_ticks_within_its_beat_interval(alice, monkeypatch, setting
     monkeypatch.setattr(tasks, "sweep_once", lambda: runs.append(1) or real())
     assert tasks.sweep()["claimed"] == 0
     assert runs == [1]
+
+
+def test_a_sweep_waiting_for_a_slot_to_fill_keeps_ticking(alice, monkeypatch, settings):
+    """Sweeps claim whole slots of the spread grid: a payment in the slot now
+    entering the lookahead is not claimed until the slot is whole. The sweep
+    that found nothing yet keeps ticking (``work_ahead``) and claims it within
+    the same beat interval — not a second later at beat's next tick, when its
+    lookahead would have run out."""
+    from payments import tasks
+
+    settings.PAYMENT_LOOKAHEAD_SECONDS = 1.0
+    settings.PAYMENT_CHUNK_SPREAD_MS = 200
+    settings.PAYMENT_SWEEP_TICK_MS = 50
+    settings.PAYMENT_SWEEP_WINDOW_SECONDS = 0.8
+    grid = timedelta(milliseconds=200)
+    (filling, far) = schedule(alice, 2)
+    horizon = db_now() + timedelta(seconds=1.0)
+    slot = EPOCH + (horizon - EPOCH) // grid * grid  # the slot entering the lookahead
+    due = slot + timedelta(milliseconds=150)
+    Payment.objects.filter(pk=filling).update(due_at=due, run_at=due)
+    due_far = horizon + timedelta(seconds=30)
+    Payment.objects.filter(pk=far).update(due_at=due_far, run_at=due_far)
+    published = capture_publish(monkeypatch)
+    runs = []
+    real = tasks.sweep_once
+    monkeypatch.setattr(tasks, "sweep_once", lambda: runs.append(real()) or runs[-1])
+    started = time.monotonic()
+    result = tasks.sweep()
+    assert result["claimed"] == 1 and published.items()[0][0] == filling
+    assert runs[0].claimed == 0 and runs[0].work_ahead  # the slot was not whole yet
+    assert time.monotonic() - started < 1.0
+    # only the far one left: nothing within the lookahead and a slot, one sweep
+    runs.clear()
+    assert tasks.sweep()["claimed"] == 0
+    assert len(runs) == 1 and not runs[0].work_ahead
+    settings.PAYMENT_CHUNK_SPREAD_MS = 0  # no grid: whatever is pending, nothing to wait for
+    Payment.objects.filter(pk=far).update(due_at=horizon, run_at=horizon)
+    assert not sweeper.work_ahead()
 
 
 def test_the_sweep_interval_is_measured_between_sweep_starts(monkeypatch):
