@@ -4,7 +4,7 @@ import time
 from datetime import timedelta
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from ledger.models import JournalEntry
@@ -248,6 +248,38 @@ def test_a_busy_sweep_ticks_within_its_beat_interval(alice, monkeypatch, setting
     monkeypatch.setattr(tasks, "sweep_once", lambda: runs.append(1) or real())
     assert tasks.sweep()["claimed"] == 0
     assert runs == [1]
+
+
+def test_a_payment_due_at_a_slot_start_belongs_to_the_next_slot(alice, monkeypatch, settings):
+    """PostgreSQL's claim statement rounds its horizon down to a slot's start and
+    leaves a payment due exactly then to the sweep that claims that slot (the
+    ORM path's boundary is in test_sweeper_contract, on a frozen clock). The
+    database clock runs, so a try whose sweep straddled a slot boundary is
+    repeated."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's claim statement")
+    settings.PAYMENT_LOOKAHEAD_SECONDS = 1.0
+    settings.PAYMENT_CHUNK_SPREAD_MS = 200
+    grid, lookahead = timedelta(milliseconds=200), timedelta(seconds=1)
+
+    def slot(moment):
+        return (moment + lookahead - EPOCH) // grid
+
+    (pid,) = schedule(alice)
+    for _ in range(5):
+        before = db_now()
+        start = EPOCH + slot(before) * grid
+        Payment.objects.filter(pk=pid).update(due_at=start, run_at=start)
+        result, _ = sweep(monkeypatch)
+        if slot(db_now()) != slot(before):
+            continue  # a slot ended during the sweep: its horizon may be the next one
+        assert result.claimed == 0 and Payment.objects.get(pk=pid).status == "PENDING"
+        just_before = start - timedelta(microseconds=1)
+        Payment.objects.filter(pk=pid).update(due_at=just_before, run_at=just_before)
+        result, published = sweep(monkeypatch)
+        assert result.claimed == 1 and published.items() == [(pid, 1)]
+        return
+    pytest.fail("every sweep straddled a slot boundary")
 
 
 def test_a_sweep_waiting_for_a_slot_to_fill_keeps_ticking(alice, monkeypatch, settings):
