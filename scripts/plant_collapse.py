@@ -1,9 +1,10 @@
-"""Targeted mutants of issue 19's collapse and adaptive chunking, planted one at a time.
+"""Targeted mutants of issue 19's collapse, adaptive chunking and claim grid, planted one at a time.
 
     .venv/bin/python scripts/plant_collapse.py   # from a checkout nobody edits (it rewrites files)
 
 Each plant rewrites one guard of ``locks.lock_due_queued``, the executor's
-collapse, ``sweeper.chunk_claims`` or the sweep task, runs the engine tests
+collapse, ``sweeper.chunk_claims``, the claim grid (``clock``, ``claim_due``,
+``sweeper.work_ahead``) or the sweep task, runs the engine tests
 against it, restores the file, and prints KILLED (a test failed) or SURVIVED.
 A stop-gap for the full ``scripts/mutation`` runs of these modules (about an
 hour); results in docs/mutation-testing.md.
@@ -62,10 +63,76 @@ plants = [
         "collapsed not reported",
     ),
     (
+        "payments/clock.py",
+        "return later - first <= timedelta(",
+        "return later - first < timedelta(",
+        "no grid: spread <",
+    ),
+    (
+        "payments/clock.py",
+        "return (first - EPOCH) // grid == (later - EPOCH) // grid",
+        "return later - first < grid",
+        "grid: window from its first claim",
+    ),
+    (
+        "payments/clock.py",
+        "lookahead < spread.total_seconds()",
+        "lookahead <= spread.total_seconds()",
+        "grid: a lookahead of one slot is not enough",
+    ),
+    (
+        "payments/clock.py",
+        "spread <= timedelta(0) or",
+        "spread < timedelta(0) or",
+        "grid: a spread of 0",
+    ),
+    (
+        "payments/transitions.py",
+        "    grid = spread_grid(lookahead)\n",
+        "    grid = spread_grid()\n",
+        "claim: the grid of the configured lookahead, not the claim's",
+    ),
+    (
+        "payments/transitions.py",
+        "    grid = spread_grid(lookahead)\n",
+        "    grid = None\n",
+        "claim: horizon not rounded to a slot",
+    ),
+    (
+        "payments/transitions.py",
+        'cutoff=f"run_at < date_bin(',
+        'cutoff=f"run_at <= date_bin(',
+        "claim: a payment at a slot's start claimed with the slot before",
+    ),
+    (
+        "payments/transitions.py",
+        '{"run_at__lt": EPOCH',
+        '{"run_at__lte": EPOCH',
+        "claim (ORM): a payment at a slot's start claimed with the slot before",
+    ),
+    (
         "payments/engine/sweeper.py",
-        "claim.due_at - current[0].due_at > spread",
-        "claim.due_at - current[0].due_at >= spread",
-        "spread >=",
+        "not same_slot(current[0].due_at, claim.due_at)",
+        "not same_slot(current[-1].due_at, claim.due_at)",
+        "window measured from its last claim",
+    ),
+    (
+        "payments/engine/sweeper.py",
+        "ahead = settings.PAYMENT_LOOKAHEAD_SECONDS + grid.total_seconds()",
+        "ahead = settings.PAYMENT_LOOKAHEAD_SECONDS",
+        "work ahead: the next slot not looked at",
+    ),
+    (
+        "payments/engine/sweeper.py",
+        "    if not result.claimed and not result.backpressure:\n        result.work_ahead",
+        "    if False:\n        result.work_ahead",
+        "work ahead never looked for",
+    ),
+    (
+        "payments/tasks.py",
+        " or result.work_ahead\n",
+        "\n",
+        "sweep does not tick while a slot fills",
     ),
     (
         "payments/engine/sweeper.py",
@@ -94,7 +161,7 @@ plants = [
     (
         "payments/tasks.py",
         "busy = busy or bool(result.claimed) or result.backpressure",
-        "busy = busy or result.backpressure",
+        "busy = busy or False or result.backpressure",
         "sweep does not tick after claiming",
     ),
 ]

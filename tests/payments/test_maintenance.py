@@ -5,6 +5,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from payments.clock import db_now
 from payments.models import Payment, PaymentStatus
 from tests.payments.helpers import capture_publish, make_due
 
@@ -31,6 +32,27 @@ def test_management_commands(alice, monkeypatch):
     call_command("reap_leases", "--json", stdout=out)
     assert '"requeued": 2' in out.getvalue()
     assert set(Payment.objects.values_list("status", flat=True)) == {PaymentStatus.PENDING}
+
+
+def test_sweep_due_says_when_the_next_slot_is_still_filling(alice, monkeypatch, settings):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    settings.PAYMENT_LOOKAHEAD_SECONDS = 1.0
+    settings.PAYMENT_CHUNK_SPREAD_MS = 1000
+    capture_publish(monkeypatch)
+    (pid,) = schedule(alice, 1)
+    # past the lookahead's horizon, inside the next slot (0.5 s of margin)
+    due = db_now() + timedelta(seconds=1.5)
+    Payment.objects.filter(pk=pid).update(due_at=due, run_at=due)
+    out = StringIO()
+    call_command("sweep_due", stdout=out)
+    assert out.getvalue().startswith("Claimed 0 payments")
+    assert "(the next slot is still filling)" in out.getvalue()
+    out = StringIO()
+    call_command("sweep_due", "--json", stdout=out)
+    assert '"work_ahead": true' in out.getvalue()
 
 
 def test_periodic_tasks_installed_by_migration():

@@ -20,6 +20,7 @@ class Command(BaseCommand):
             "messages": result.messages,
             "batches": result.batches,
             "backpressure": result.backpressure,
+            "work_ahead": result.work_ahead,
             "executor_lag_seconds": round(result.lag, 3),
             "seconds": round(result.seconds, 4),
         }
@@ -30,5 +31,6 @@ class Command(BaseCommand):
                 f"Claimed {result.claimed} payments in {result.batches} batches, "
                 f"published {result.messages} messages in {result.seconds:.3f}s"
                 + (" (stopped: executors behind or too many QUEUED)" if result.backpressure else "")
-                + (f" (executors {result.lag:.2f}s behind)" if result.lag >= 0.25 else "")
+                + (f" (executors {result.lag:.2f}s behind)" if round(result.lag, 2) > 0 else "")
+                + (" (the next slot is still filling)" if result.work_ahead else "")
             )

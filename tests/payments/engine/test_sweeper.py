@@ -298,7 +298,7 @@ def test_a_sweep_waiting_for_a_slot_to_fill_keeps_ticking(alice, monkeypatch, se
     (filling, far) = schedule(alice, 2)
     horizon = db_now() + timedelta(seconds=1.0)
     slot = EPOCH + (horizon - EPOCH) // grid * grid  # the slot entering the lookahead
-    due = slot + timedelta(milliseconds=150)
+    due = slot + grid - timedelta(milliseconds=1)  # past the lookahead, within the slot
     Payment.objects.filter(pk=filling).update(due_at=due, run_at=due)
     due_far = horizon + timedelta(seconds=30)
     Payment.objects.filter(pk=far).update(due_at=due_far, run_at=due_far)

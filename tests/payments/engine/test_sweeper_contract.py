@@ -291,6 +291,19 @@ def test_publish_claims_one_message_per_partition_chunk_eta_by_the_database_cloc
     ]
 
 
+def test_the_grid_needs_a_spread_and_a_lookahead_of_a_slot_or_more(settings):
+    settings.PAYMENT_CHUNK_SPREAD_MS = 200
+    settings.PAYMENT_LOOKAHEAD_SECONDS = 0.2
+    assert spread_grid() == timedelta(milliseconds=200)  # exactly one slot is enough
+    assert spread_grid(0.199) is None  # a claim's own, shorter lookahead
+    assert spread_grid(5.0) == timedelta(milliseconds=200)
+    settings.PAYMENT_LOOKAHEAD_SECONDS = 0.199
+    assert spread_grid() is None
+    settings.PAYMENT_LOOKAHEAD_SECONDS = 1.0
+    settings.PAYMENT_CHUNK_SPREAD_MS = 0
+    assert spread_grid() is None
+
+
 def test_chunks_close_at_the_size_and_at_the_end_of_a_slot(settings):
     """With a lookahead of a slot or more, a window is one slot of the spread
     grid: whole slots are what a sweep claims, so where one sweep's claims end
