@@ -12,6 +12,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from django.db import transaction
 from django.utils import timezone
 
 from payments import routing, selectors, tasks, transitions
@@ -112,6 +113,20 @@ def test_nothing_is_claimed_before_its_run_time_plus_the_lookahead(
         assert 0 < countdown <= ahead
     else:
         assert countdown is None
+
+
+def test_a_claim_with_a_lookahead_under_a_slot_has_no_grid(alice, settings, timer_path):
+    """The grid follows the lookahead the claim is given, not the configured
+    one: a claim with none (an operator's or a test's) takes every payment due
+    by now, even one due since the current slot began."""
+    settings.PAYMENT_LOOKAHEAD_SECONDS = 1.0
+    settings.PAYMENT_CHUNK_SPREAD_MS = 1000
+    (pid,) = schedule(alice)
+    just_due = db_now() - timedelta(milliseconds=1)
+    set_times(pid, due_at=just_due)
+    with transaction.atomic():
+        claims = transitions.claim_due(limit=10, lookahead=0.0)
+    assert [c.payment_id for c in claims] == [pid]
 
 
 def test_a_batch_takes_the_earliest_run_times_first(alice, monkeypatch, settings, timer_path):
@@ -368,6 +383,18 @@ def test_without_a_grid_chunks_close_past_the_spread_from_their_first(settings):
         ((5,), at(100), ["b1", "b2", "b3"]),
         ((5,), at(101), ["b4"]),
         ((5,), at(152), ["c1"]),
+    ]
+    # measured from the window's first claim, not from the one before: a chain
+    # of claims 40 ms apart does not stretch a window past the spread
+    settings.PAYMENT_CHUNK_SIZE = 10
+    chain = [transitions.Claimed(f"d{ms}", 1, 5, at(ms)) for ms in (200, 240, 280)]
+    assert [ids for _, _, ids in cut(chain, now)] == [["d200", "d240"], ["d280"]]
+
+
+def cut(claims, now):
+    return [
+        (partitions, eta, [c.payment_id for c in chunk])
+        for partitions, eta, chunk in sweeper.chunk_claims(claims, now)
     ]
 
 
