@@ -306,6 +306,14 @@ def test_publish_claims_one_message_per_partition_chunk_eta_by_the_database_cloc
     ]
 
 
+def cut(claims, now):
+    """``chunk_claims`` as (partitions, eta, payment ids) per chunk."""
+    return [
+        (partitions, eta, [c.payment_id for c in chunk])
+        for partitions, eta, chunk in sweeper.chunk_claims(claims, now)
+    ]
+
+
 def test_the_grid_needs_a_spread_and_a_lookahead_of_a_slot_or_more(settings):
     settings.PAYMENT_CHUNK_SPREAD_MS = 200
     settings.PAYMENT_LOOKAHEAD_SECONDS = 0.2
@@ -341,11 +349,7 @@ def test_chunks_close_at_the_size_and_at_the_end_of_a_slot(settings):
         transitions.Claimed("a1", 1, 1, at(0)),  # due exactly now: waits for no one
         transitions.Claimed("a0", 1, 1, at(-1000)),
     ]
-    chunks = [
-        (partitions, eta, [c.payment_id for c in chunk])
-        for partitions, eta, chunk in sweeper.chunk_claims(claims, now)
-    ]
-    assert chunks == [
+    assert cut(claims, now) == [
         ((1,), at(0), ["a0", "a1"]),
         ((5,), at(89), ["b1", "b2", "b3"]),
         ((5,), at(100), ["b4", "c1"]),
@@ -374,11 +378,7 @@ def test_without_a_grid_chunks_close_past_the_spread_from_their_first(settings):
         transitions.Claimed("a1", 1, 1, at(0)),  # due exactly now: waits for no one
         transitions.Claimed("a0", 1, 1, at(-1000)),
     ]
-    chunks = [
-        (partitions, eta, [c.payment_id for c in chunk])
-        for partitions, eta, chunk in sweeper.chunk_claims(claims, now)
-    ]
-    assert chunks == [
+    assert cut(claims, now) == [
         ((1,), at(0), ["a0", "a1"]),
         ((5,), at(100), ["b1", "b2", "b3"]),
         ((5,), at(101), ["b4"]),
@@ -389,13 +389,6 @@ def test_without_a_grid_chunks_close_past_the_spread_from_their_first(settings):
     settings.PAYMENT_CHUNK_SIZE = 10
     chain = [transitions.Claimed(f"d{ms}", 1, 5, at(ms)) for ms in (200, 240, 280)]
     assert [ids for _, _, ids in cut(chain, now)] == [["d200", "d240"], ["d280"]]
-
-
-def cut(claims, now):
-    return [
-        (partitions, eta, [c.payment_id for c in chunk])
-        for partitions, eta, chunk in sweeper.chunk_claims(claims, now)
-    ]
 
 
 def test_chunks_adapt_to_the_load_small_partitions_share_full_ones_stand_alone(settings):
@@ -410,29 +403,23 @@ def test_chunks_adapt_to_the_load_small_partitions_share_full_ones_stand_alone(s
     def at(ms):
         return now + timedelta(milliseconds=ms)
 
-    def cut(claims):
-        return [
-            (partitions, eta, [c.payment_id for c in chunk])
-            for partitions, eta, chunk in sweeper.chunk_claims(claims, now)
-        ]
-
     trickle = [transitions.Claimed(f"t{p}", 1, p, at(10 * p)) for p in (9, 2, 14)]
-    assert cut(trickle) == [((2, 9, 14), at(140), ["t2", "t9", "t14"])]
+    assert cut(trickle, now) == [((2, 9, 14), at(140), ["t2", "t9", "t14"])]
     burst = [transitions.Claimed(f"{p}-{i}", 1, p, at(-100)) for p in (3, 1) for i in range(4)]
-    assert cut(burst) == [
+    assert cut(burst, now) == [
         ((1,), at(-100), ["1-0", "1-1", "1-2", "1-3"]),
         ((3,), at(-100), ["3-0", "3-1", "3-2", "3-3"]),
     ]
     mixed = [transitions.Claimed(f"{p}-{i}", 1, p, at(5)) for p in (1, 2, 7) for i in range(3)]
     mixed += [transitions.Claimed("9-0", 1, 9, at(6))]
-    assert cut(mixed) == [
+    assert cut(mixed, now) == [
         ((1,), at(5), ["1-0", "1-1", "1-2"]),
         ((2,), at(5), ["2-0", "2-1", "2-2"]),
         ((7, 9), at(6), ["7-0", "7-1", "7-2", "9-0"]),
     ]
     big = [transitions.Claimed(f"5-{i}", 1, 5, at(0)) for i in range(6)]
     big += [transitions.Claimed("8-0", 1, 8, at(0))]
-    assert [ids for _, _, ids in cut(big)] == [
+    assert [ids for _, _, ids in cut(big, now)] == [
         ["5-0", "5-1", "5-2", "5-3"],
         ["5-4", "5-5", "8-0"],
     ]
