@@ -9,10 +9,11 @@ On the ORM path the database clock is frozen, so boundaries are exact.
 import logging
 import time
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
+from datetime import timezone as dt_timezone
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from payments import routing, selectors, tasks, transitions
@@ -566,3 +567,32 @@ def test_a_steady_flow_is_one_message_per_slot_whenever_the_sweeps_run(
     slots = [slots.pop() for slots in slots_of]
     assert len(slots) == len(set(slots)), "a slot went out in two messages"
     assert sorted(pid for _, items, _ in published for pid, _ in items) == sorted(ids)
+
+
+def test_the_one_clock_is_the_database_s(monkeypatch):
+    """Due-ness is decided by the database clock: on PostgreSQL ``db_now`` asks
+    the server, whatever this process's clock says; on SQLite (one host) the
+    process clock is the database's."""
+    from payments import clock
+
+    far_off = datetime(2001, 1, 1, tzinfo=UTC)
+    monkeypatch.setattr(clock.timezone, "now", lambda: far_off)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")  # connected before the clock is asked
+    if connection.vendor == "postgresql":
+        assert abs(clock.db_now() - datetime.now(UTC)) < timedelta(minutes=5)
+    else:
+        assert clock.db_now() == far_off
+
+
+def test_timestamps_are_written_in_utc_whatever_the_process_time_zone(monkeypatch):
+    from payments.clock import iso_timestamp
+
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    try:
+        moment = datetime(2026, 1, 1, 12, 0, 0, 5, tzinfo=dt_timezone(timedelta(hours=2)))
+        assert iso_timestamp(moment) == "2026-01-01T10:00:00.000005Z"
+    finally:
+        monkeypatch.undo()
+        time.tzset()
