@@ -596,3 +596,21 @@ def test_timestamps_are_written_in_utc_whatever_the_process_time_zone(monkeypatc
     finally:
         monkeypatch.undo()
         time.tzset()
+
+
+def test_work_ahead_is_looked_for_only_when_a_sweep_found_nothing(
+    alice, monkeypatch, settings, timer_path
+):
+    """A sweep that claimed something ticks again anyway, so it does not spend a
+    query on the next slot; one that claimed nothing says whether the next slot
+    holds work."""
+    settings.PAYMENT_LOOKAHEAD_SECONDS = 1.0
+    settings.PAYMENT_CHUNK_SPREAD_MS = 1000
+    now_due, next_slot = schedule(alice, 2)
+    make_due(now_due)
+    # past the horizon (now + 1 s, rounded down), within the slot after it
+    set_times(next_slot, due_at=db_now() + timedelta(seconds=1.5))
+    result, _ = sweep(monkeypatch)
+    assert result.claimed == 1 and not result.work_ahead
+    result, _ = sweep(monkeypatch)
+    assert result.claimed == 0 and result.work_ahead
