@@ -39,14 +39,19 @@ def spread_grid(lookahead: float | None = None) -> timedelta | None:
     return spread
 
 
-def same_slot(first: datetime, later: datetime) -> bool:
+def slot_start(moment: datetime, grid: timedelta) -> datetime:
+    """The start of the slot of ``grid`` that ``moment`` falls in (``date_bin``'s
+    answer with the Unix epoch as origin)."""
+    return EPOCH + (moment - EPOCH) // grid * grid
+
+
+def same_slot(first: datetime, later: datetime, grid: timedelta | None) -> bool:
     """Whether ``later`` may share a chunk with ``first`` (due no earlier): the
-    same slot of the grid (``spread_grid``) or, with no grid, due within the
+    same slot of ``grid`` (``spread_grid()``) or, with no grid, due within the
     spread of it."""
-    grid = spread_grid()
     if grid is None:
         return later - first <= timedelta(milliseconds=settings.PAYMENT_CHUNK_SPREAD_MS)
-    return (first - EPOCH) // grid == (later - EPOCH) // grid
+    return slot_start(first, grid) == slot_start(later, grid)
 
 
 # The API's one way to write an instant: UTC, always six fractional digits, "Z".

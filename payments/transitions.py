@@ -52,7 +52,7 @@ from ledger.services import LedgerBatch
 
 from . import routing, webhooks
 from .calendar import planned
-from .clock import EPOCH, db_now, iso_timestamp, spread_grid
+from .clock import db_now, iso_timestamp, slot_start, spread_grid
 from .exceptions import PaymentNotCancellable, PaymentNotModifiable, RecurringNotChangeable
 from .models import (
     DEAD_LETTER_CODE,
@@ -259,7 +259,7 @@ def claim_due(*, limit: int, lookahead: float) -> list[Claimed]:
     now = db_now()
     horizon = {"run_at__lte": now + timedelta(seconds=lookahead)}
     if grid is not None:
-        horizon = {"run_at__lt": EPOCH + (horizon["run_at__lte"] - EPOCH) // grid * grid}
+        horizon = {"run_at__lt": slot_start(horizon["run_at__lte"], grid)}
     ids = list(
         Payment.objects.filter(status=PaymentStatus.PENDING, **horizon)
         .order_by("run_at")

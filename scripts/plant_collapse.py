@@ -70,7 +70,7 @@ plants = [
     ),
     (
         "payments/clock.py",
-        "return (first - EPOCH) // grid == (later - EPOCH) // grid",
+        "return slot_start(first, grid) == slot_start(later, grid)",
         "return later - first < grid",
         "grid: window from its first claim",
     ),
@@ -106,14 +106,14 @@ plants = [
     ),
     (
         "payments/transitions.py",
-        '{"run_at__lt": EPOCH',
-        '{"run_at__lte": EPOCH',
+        '{"run_at__lt": slot_start(',
+        '{"run_at__lte": slot_start(',
         "claim (ORM): a payment at a slot's start claimed with the slot before",
     ),
     (
         "payments/engine/sweeper.py",
-        "not same_slot(current[0].due_at, claim.due_at)",
-        "not same_slot(current[-1].due_at, claim.due_at)",
+        "not same_slot(current[0].due_at, claim.due_at, grid)",
+        "not same_slot(current[-1].due_at, claim.due_at, grid)",
         "window measured from its last claim",
     ),
     (

@@ -68,11 +68,12 @@ def chunk_claims(claims: list[Claimed], now: datetime | None = None) -> list[Chu
     its partitions (``engine.executor``).
     """
     size = settings.PAYMENT_CHUNK_SIZE
+    grid = spread_grid()
     windows: list[list[Claimed]] = []
     current: list[Claimed] = []
     for claim in sorted(claims, key=lambda c: c.due_at):
         waits = now is None or claim.due_at > now  # would hold the window back
-        if current and waits and not same_slot(current[0].due_at, claim.due_at):
+        if current and waits and not same_slot(current[0].due_at, claim.due_at, grid):
             windows.append(current)
             current = []
         current.append(claim)

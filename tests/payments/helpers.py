@@ -7,8 +7,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from ledger.services import LedgerBatch
-from payments import services, tasks, transitions
-from payments.clock import EPOCH, db_now
+from payments import clock, services, tasks, transitions
+from payments.clock import db_now
 from payments.engine import sweeper
 from payments.exceptions import PaymentNotCancellable
 from payments.models import Actor, Payment, RecurringPayment
@@ -35,7 +35,7 @@ class Published(list):
 def slot_start():
     """Now, rounded down to the start of its slot of the spread grid (``clock.spread_grid``)."""
     grid = timedelta(milliseconds=settings.PAYMENT_CHUNK_SPREAD_MS)
-    return EPOCH + (timezone.now() - EPOCH) // grid * grid
+    return clock.slot_start(timezone.now(), grid)
 
 
 def claim_batch(limit, lookahead=None):

@@ -9,7 +9,8 @@ from django.utils import timezone
 
 from ledger.models import JournalEntry
 from payments import transitions
-from payments.clock import EPOCH, db_now
+from payments.clock import db_now
+from payments.clock import slot_start as start_of_slot
 from payments.engine import executor, sweeper
 from payments.models import Payment
 from tests.payments.helpers import capture_publish, claim_batch, make_due, slot_start, sweep
@@ -262,13 +263,13 @@ def test_a_payment_due_at_a_slot_start_belongs_to_the_next_slot(alice, monkeypat
     settings.PAYMENT_CHUNK_SPREAD_MS = 200
     grid, lookahead = timedelta(milliseconds=200), timedelta(seconds=1)
 
-    def slot(moment):
-        return (moment + lookahead - EPOCH) // grid
+    def slot(moment):  # the slot entering the lookahead at ``moment``
+        return start_of_slot(moment + lookahead, grid)
 
     for _ in range(5):
         (pid,) = schedule(alice)  # a fresh one: a straddling try may have claimed the last
         before = db_now()
-        start = EPOCH + slot(before) * grid
+        start = slot(before)
         Payment.objects.filter(pk=pid).update(due_at=start, run_at=start)
         result, _ = sweep(monkeypatch)
         if slot(db_now()) != slot(before):
@@ -297,11 +298,11 @@ def test_a_sweep_waiting_for_a_slot_to_fill_keeps_ticking(alice, monkeypatch, se
     grid = timedelta(milliseconds=200)
     (filling, far) = schedule(alice, 2)
     horizon = db_now() + timedelta(seconds=1.0)
-    slot = EPOCH + (horizon - EPOCH) // grid * grid  # the slot entering the lookahead
+    slot = start_of_slot(horizon, grid)  # the slot entering the lookahead
     if slot + grid - horizon < grid / 2:  # start early in a slot: room for the set-up
         time.sleep((slot + grid - horizon).total_seconds() + 0.01)
         horizon = db_now() + timedelta(seconds=1.0)
-        slot = EPOCH + (horizon - EPOCH) // grid * grid
+        slot = start_of_slot(horizon, grid)
     due = slot + grid - timedelta(milliseconds=1)  # past the lookahead, within the slot
     Payment.objects.filter(pk=filling).update(due_at=due, run_at=due)
     due_far = horizon + timedelta(seconds=30)

@@ -17,7 +17,8 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from payments import routing, selectors, tasks, transitions
-from payments.clock import EPOCH, db_now, spread_grid
+from payments.clock import db_now, spread_grid
+from payments.clock import slot_start as start_of_slot
 from payments.engine import executor, sweeper
 from payments.models import Payment
 from payments.routing import partition_for
@@ -91,9 +92,9 @@ def test_nothing_is_claimed_before_its_run_time_plus_the_lookahead(
     grid = spread_grid()
     assert (grid is not None) == (lookahead > 0 and spread_ms > 0)
     if grid:
-        slot_start = EPOCH + (cutoff - EPOCH) // grid * grid
-        assert cutoff - grid < slot_start <= cutoff
-        edge_due, late_due = slot_start - timedelta(microseconds=1), slot_start
+        start = start_of_slot(cutoff, grid)
+        assert cutoff - grid < start <= cutoff
+        edge_due, late_due = start - timedelta(microseconds=1), start
     else:
         edge_due, late_due = cutoff, cutoff + timedelta(microseconds=1)
     set_times(edge, due_at=edge_due)
@@ -562,7 +563,7 @@ def test_a_steady_flow_is_one_message_per_slot_whenever_the_sweeps_run(
         else:
             time.sleep(pause)
         sweeper.sweep_due(publish=tasks.publish_chunks)
-    slots_of = [{(due[pid] - EPOCH) // grid for pid, _ in items} for _, items, _ in published]
+    slots_of = [{start_of_slot(due[pid], grid) for pid, _ in items} for _, items, _ in published]
     assert all(len(slots) == 1 for slots in slots_of), slots_of
     slots = [slots.pop() for slots in slots_of]
     assert len(slots) == len(set(slots)), "a slot went out in two messages"
