@@ -158,6 +158,39 @@ class Ours:
     timeout: float
 
 
+@dataclass(frozen=True)
+class CpuUsed:
+    """CPU seconds the service's processes used, over ``wall`` seconds."""
+
+    wall: float
+    worker: float
+    postgres: float
+    timers: float
+
+
+def cpu_since(ctx: Ours, cpu0: tuple[float, dict, float], wall0: float) -> CpuUsed:
+    """What the payment worker, PostgreSQL and the timer worker used since ``cpu0``
+    (``(worker, postgres_cpu(), timers)`` read at ``wall0``)."""
+    return CpuUsed(
+        wall=time.monotonic() - wall0,
+        worker=tree_cpu_seconds(ctx.worker_pid) - cpu0[0],
+        postgres=postgres_cpu_since(cpu0[1]),
+        timers=tree_cpu_seconds(ctx.timers_pid) - cpu0[2],
+    )
+
+
+def cpu_report(used: CpuUsed, executed: int) -> dict:
+    return {
+        "wall_seconds": round(used.wall, 1),
+        "executed": executed,
+        "worker_cpu_seconds": round(used.worker, 1),
+        "timers_cpu_seconds": round(used.timers, 1),
+        "postgres_cpu_seconds": round(used.postgres, 1),
+        "worker_ms_per_payment": per_payment_ms(used.worker, executed),
+        "postgres_ms_per_payment": per_payment_ms(used.postgres, executed),
+    }
+
+
 def our_step(ctx: Ours, index: int, rate: float) -> dict:
     from bench.harness.app import OPEN_STATUSES, Payment
 
@@ -206,24 +239,14 @@ def our_step(ctx: Ours, index: int, rate: float) -> dict:
     # CPU per payment over the window only: after it the API's payments (due up
     # to 30 s past it) trickle out at a falling rate, which is not this step's.
     window_end = db_now()
-    cpu_window = (
-        tree_cpu_seconds(ctx.worker_pid) - cpu0[0],
-        postgres_cpu_since(cpu0[1]),
-        tree_cpu_seconds(ctx.timers_pid) - cpu0[2],
-    )
-    wall_window = time.monotonic() - wall0
+    cpu_window = cpu_since(ctx, cpu0, wall0)
     mine = Payment.objects.filter(from_account__in=ctx.sources, due_at__gte=t0)
     open_at_window_end = mine.filter(status__in=OPEN_STATUSES).count()
     remaining = wait_terminal(ctx.timeout)
     end = db_now()
-    cpu1 = (
-        tree_cpu_seconds(ctx.worker_pid),
-        postgres_cpu_since(cpu0[1]),
-        tree_cpu_seconds(ctx.timers_pid),
-    )
+    cpu_step = cpu_since(ctx, cpu0, wall0)
     sweeps1 = multiprocess_histogram(ctx.metrics_dir, SWEEP_INTERVAL_METRIC)
     runs1 = multiprocess_histogram(ctx.metrics_dir, SWEEP_DURATION_METRIC)
-    wall = time.monotonic() - wall0
 
     lateness, censored, failed = [], 0, 0
     per_second: dict[int, list[float]] = {}
@@ -242,7 +265,6 @@ def our_step(ctx: Ours, index: int, rate: float) -> dict:
     executed = completed.filter(executed_at__lte=end).count()
     executed_window = completed.filter(executed_at__lte=window_end).count()
     summary = summarize(lateness, digits=3)
-    worker_cpu, pg_cpu, timers_cpu = cpu1[0] - cpu0[0], cpu1[1], cpu1[2] - cpu0[2]
     sweeps = histogram_quantile_bound(sweeps0, sweeps1, 0.99)
     runs = histogram_quantile_bound(runs0, runs1, 0.99)
     api_summary = {
@@ -266,24 +288,9 @@ def our_step(ctx: Ours, index: int, rate: float) -> dict:
         "schedule_p95_ms": api_summary.get("schedule", {}).get("latency_ms", {}).get("p95"),
         "status_p95_ms": api_summary.get("status", {}).get("latency_ms", {}).get("p95"),
         # over the window [T0, T0 + seconds): what the report's per-payment columns show
-        "cpu": {
-            "wall_seconds": round(wall_window, 1),
-            "executed": executed_window,
-            "worker_cpu_seconds": round(cpu_window[0], 1),
-            "timers_cpu_seconds": round(cpu_window[2], 1),
-            "postgres_cpu_seconds": round(cpu_window[1], 1),
-            "worker_ms_per_payment": per_payment_ms(cpu_window[0], executed_window),
-            "postgres_ms_per_payment": per_payment_ms(cpu_window[1], executed_window),
-        },
+        "cpu": cpu_report(cpu_window, executed_window),
         # from T0 until every payment was terminal (the API's tail included)
-        "cpu_whole_step": {
-            "wall_seconds": round(wall, 1),
-            "worker_cpu_seconds": round(worker_cpu, 1),
-            "timers_cpu_seconds": round(timers_cpu, 1),
-            "postgres_cpu_seconds": round(pg_cpu, 1),
-            "worker_ms_per_payment": per_payment_ms(worker_cpu, executed),
-            "postgres_ms_per_payment": per_payment_ms(pg_cpu, executed),
-        },
+        "cpu_whole_step": cpu_report(cpu_step, executed),
         "sweep_interval": sweeps,
         "sweep_interval_p99_le_seconds": sweeps["le_seconds"] if sweeps else None,
         "sweeps_in_window": runs["observations"] if runs else None,
