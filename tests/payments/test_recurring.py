@@ -294,22 +294,27 @@ def test_dst_policy_reaches_upcoming_and_materialised_payments(
 # --- materialiser ------------------------------------------------------------------
 
 
+def paused_after_one_run(client, start, **fields):
+    """An hourly schedule of ``client`` that ran at ``start`` and was then paused."""
+    return make_schedule(
+        client.account.pk,
+        client.other_account.pk,
+        start=start,
+        status="paused",
+        last_occurrence_at=start,
+        next_run_at=start + timedelta(hours=1),
+        occurrences_run=1,
+        **fields,
+    )
+
+
 def test_resuming_a_schedule_whose_end_passed_while_paused_ends_it(alice):
     """Nothing left to run: it ends (as the materialiser would end it), instead of
     staying active with no next run — never materialised again, yet counted
     against the client's quota of active schedules until cancelled."""
     now = timezone.now()
     start = now - timedelta(hours=5)
-    schedule = make_schedule(
-        alice.account.pk,
-        alice.other_account.pk,
-        start=start,
-        status="paused",
-        last_occurrence_at=start,
-        next_run_at=start + timedelta(hours=1),
-        occurrences_run=1,
-        end_time=now - timedelta(hours=1),
-    )
+    schedule = paused_after_one_run(alice, start, end_time=now - timedelta(hours=1))
     response = alice.api.post(f"/api/v1/recurring-payments/{schedule.pk}/resume")
     assert response.status_code == 200, response.content
     body = response.json()
@@ -328,17 +333,7 @@ def test_resume_does_not_run_what_fell_due_while_paused(alice, settings, policy)
     now = timezone.now()
     start = now - timedelta(hours=5, minutes=30)
     # ran at `start`, then paused: -4.5h … -0.5h fell due while paused
-    schedule = make_schedule(
-        alice.account.pk,
-        alice.other_account.pk,
-        start=start,
-        status="paused",
-        last_occurrence_at=start,
-        next_run_at=start + timedelta(hours=1),
-        occurrences_run=1,
-        missed_run_policy=policy,
-        max_catch_up=10,
-    )
+    schedule = paused_after_one_run(alice, start, missed_run_policy=policy, max_catch_up=10)
     response = alice.api.post(f"/api/v1/recurring-payments/{schedule.pk}/resume")
     assert response.status_code == 200, response.content
     body = response.json()
