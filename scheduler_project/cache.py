@@ -12,9 +12,9 @@ class RedisCacheClient(redis.RedisCacheClient):
 
     The built-in ``get_client`` constructs a new ``redis.Redis`` (and its
     table of response callbacks) for every ``get``/``set``: about 0.05 ms of
-    CPU each, and the API's throttle makes two per request. A ``redis.Redis``
-    is thread-safe and takes its connections from the pool either way, so
-    one per pool serves every call (Django keeps a cache object, and so this
+    CPU each, and the API's throttle calls Redis on every request. A
+    ``redis.Redis`` is thread-safe and takes its connections from the pool
+    either way, so one per pool serves every call (Django keeps a cache object, and so this
     client and its pools, per thread).
     """
 

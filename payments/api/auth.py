@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import hmac
 import logging
+import os
 
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser
+from django.core.cache import DEFAULT_CACHE_ALIAS, caches
+from django.core.cache.backends.redis import RedisCache
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from redis.exceptions import RedisError
 from rest_framework import authentication, exceptions
@@ -103,20 +106,85 @@ def client_ip(request) -> str | None:
     return BaseThrottle().get_ident(request)
 
 
+# KEYS[1]: the client's sorted set (member per counted request, score its time
+# in µs). ARGV: the limit, the window in µs, a random suffix that keeps two
+# requests of the same microsecond apart. Returns 0 when the request is
+# counted, else the µs until enough counted requests leave the window for one
+# more (> 0: anything older than the window was just removed).
+_SLIDING_WINDOW = """
+local limit = tonumber(ARGV[1])
+local window = tonumber(ARGV[2])
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
+local count = redis.call('ZCARD', KEYS[1])
+if count < limit then
+    redis.call('ZADD', KEYS[1], now, time[1] .. '.' .. time[2] .. '-' .. ARGV[3])
+    redis.call('PEXPIRE', KEYS[1], math.ceil(window / 1000))
+    return 0
+end
+local frees = redis.call('ZRANGE', KEYS[1], count - limit, count - limit, 'WITHSCORES')[2]
+if not frees then
+    return window
+end
+return tonumber(frees) + window - now
+"""
+_sliding_window = None  # redis-py's Script (EVALSHA, reloaded on NOSCRIPT), built on first use
+
+
 class SharedCacheThrottle(SimpleRateThrottle):
     """A rate throttle over the shared cache that lets requests through if the cache is down.
 
-    The counters live in Redis (settings.CACHES), so every web process spends
-    one budget. Redis being unreachable must not turn the API into 500s: the
-    request is allowed and the failure logged.
+    DRF's semantics: at most N requests per key in any window of ``duration``
+    seconds, a rejected request not counted, ``wait()`` the seconds until the
+    next one would be allowed (the 429's ``Retry-After``). With a Redis cache
+    (settings.CACHES: every web process spends one budget) one Lua script
+    checks and counts a request atomically, in one round trip, on Redis's
+    clock: a sorted set per key under the cache's prefix, a member per counted
+    request. DRF's own path (a GET of the pickled timestamp list, then a SET)
+    races between processes, lets more than N through at once, and costs two
+    round trips and a pickle. Any other cache (laptop: one process's memory)
+    takes DRF's path. Redis being unreachable must not turn the API into 500s:
+    the request is allowed and the failure logged.
     """
+
+    _redis_wait: float | None = None  # seconds, set by a rejection on the Redis path
 
     def allow_request(self, request, view):
         try:
-            return super().allow_request(request, view)
+            backend = caches[DEFAULT_CACHE_ALIAS]
+            if not isinstance(backend, RedisCache):
+                return super().allow_request(request, view)
+            return self._allow_in_redis(backend, request, view)
         except RedisError:
             logger.warning("throttle cache unavailable; request allowed", exc_info=True)
             return True
+
+    def _allow_in_redis(self, backend: RedisCache, request, view) -> bool:
+        """One EVALSHA on the cache's own Redis client (its pool). The set's key is
+        DRF's cache key plus ``:window``: never the key of a pickled list that a
+        process still running DRF's path (a rolling deploy) reads and writes."""
+        global _sliding_window
+        if self.rate is None:
+            return True
+        key = self.get_cache_key(request, view)
+        if key is None:
+            return True
+        client = backend._cache.get_client(None, write=True)
+        if _sliding_window is None:
+            _sliding_window = client.register_script(_SLIDING_WINDOW)
+        wait_us = _sliding_window(
+            keys=[backend.make_key(f"{key}:window")],
+            args=[self.num_requests, self.duration * 1_000_000, os.urandom(6).hex()],
+            client=client,
+        )
+        if wait_us == 0:
+            return True
+        self._redis_wait = wait_us / 1_000_000
+        return self.throttle_failure()
+
+    def wait(self):
+        return self._redis_wait if self._redis_wait is not None else super().wait()
 
 
 class ClientRateThrottle(SharedCacheThrottle, UserRateThrottle):

@@ -170,7 +170,7 @@ def test_cache_clear_leaves_the_brokers_keys_alone():
 
 
 def test_cache_builds_one_redis_client_per_pool():
-    """Not a new redis.Redis per get/set (the throttle makes two per request)."""
+    """Not a new redis.Redis per get/set (the throttle calls Redis on every request)."""
     client = cache._cache.get_client(None, write=True)
     assert cache._cache.get_client("k") is client
     assert client.connection_pool is cache._cache._get_connection_pool(True)
