@@ -8,15 +8,23 @@ column instead — ``INSERT … SELECT FROM unnest(…)`` and
 ``UPDATE … FROM unnest(…)`` — a statement of fixed size whatever the row
 count. Other backends (SQLite, the embedded default) use Django's bulk
 methods.
+
+The arrays go out in PostgreSQL's binary format over a server-side-binding
+cursor (``binary_cursor``): Django's default psycopg cursor binds on the
+client, quoting every element of every array into the SQL text in Python —
+measured at 3.2 ms of CPU for six 200-element arrays, against 0.32 ms
+binary, and about a sixth of the executor's CPU.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from django.db import connection, models
+from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 from django.db.models.expressions import DatabaseDefault
 from django.db.models.fields import AutoFieldMixin
 
@@ -51,10 +59,31 @@ def _array_type(field: models.Field) -> tuple[str, str]:
     return f"{field.db_type(connection)}[]", ""
 
 
+@contextlib.contextmanager
+def binary_cursor() -> Iterator[CursorWrapper]:
+    """A cursor of the default connection that binds on the server (PostgreSQL only).
+
+    Its statements take ``%b`` placeholders: the value travels in binary, dumped
+    by psycopg's C adapters, not quoted into the SQL text. It is Django's own
+    wrapper over it — errors come out as ``django.db`` errors, and
+    ``CaptureQueriesContext`` sees the statement — inside the caller's
+    transaction, on the same connection.
+    """
+    from django.db.backends.postgresql.base import ServerBindingCursor
+
+    connection.ensure_connection()
+    connection.validate_no_broken_transaction()
+    wrapper = CursorDebugWrapper if connection.queries_logged else CursorWrapper
+    with connection.wrap_database_errors:
+        raw = ServerBindingCursor(connection.connection)
+    with wrapper(raw, connection) as cursor:
+        yield cursor
+
+
 def _unnest(objs, columns, *, add: bool) -> tuple[str, list[str], list[list]]:
     params = [[_column_value(obj, f, add=add) for obj in objs] for f in columns]
     types = [_array_type(f) for f in columns]
-    unnest = "unnest(" + ", ".join(f"%s::{array}" for array, _ in types) + ")"
+    unnest = "unnest(" + ", ".join(f"%b::{array}" for array, _ in types) + ")"
     selects = [f"v._c{i}{cast}" for i, (_, cast) in enumerate(types)]
     return unnest, selects, params
 
@@ -126,7 +155,7 @@ def _insert(table: str, columns, objs, *, returning) -> list[tuple]:
     )
     if returning:
         sql += " RETURNING " + ", ".join(qn(f.column) for f in returning)
-    with connection.cursor() as cursor:
+    with binary_cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchall() if returning else []
 
@@ -156,5 +185,5 @@ def bulk_update_rows(objs: Sequence[models.Model], fields: Sequence[str]) -> Non
         f"UPDATE {qn(meta.db_table)} AS t SET {assignments} "  # noqa: S608
         f"FROM {unnest} AS v({aliases}) WHERE t.{qn(meta.pk.column)} = v._c0"
     )
-    with connection.cursor() as cursor:
+    with binary_cursor() as cursor:
         cursor.execute(sql, params)

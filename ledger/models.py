@@ -189,6 +189,7 @@ class JournalEntry(models.Model):
         on_delete=models.PROTECT,
         related_name="+",
         help_text="Staff user for adjustments; empty for system entries.",
+        db_index=False,  # ledger_entry_by_creator, partial: system entries have none
     )
     created_at = models.DateTimeField(db_default=Now(), editable=False)
 
@@ -197,6 +198,15 @@ class JournalEntry(models.Model):
         constraints = [
             models.CheckConstraint(
                 condition=Q(kind__in=EntryKind.values), name="ledger_entry_kind_valid"
+            ),
+        ]
+        indexes = [
+            # Every executed payment writes an entry; an index over a column
+            # that is NULL on nearly all of them would be written for nothing.
+            models.Index(
+                fields=["created_by"],
+                condition=Q(created_by__isnull=False),
+                name="ledger_entry_by_creator",
             ),
         ]
 
@@ -208,7 +218,12 @@ class Posting(models.Model):
     """One leg of an entry: a signed amount on one account and the balance after it."""
 
     entry = models.ForeignKey(JournalEntry, on_delete=models.PROTECT, related_name="postings")
-    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="postings")
+    account = models.ForeignKey(
+        Account,
+        on_delete=models.PROTECT,
+        related_name="postings",
+        db_index=False,  # ledger_posting_statement leads with it
+    )
     amount = models.BigIntegerField()
     balance_after = models.BigIntegerField()
 

@@ -40,8 +40,15 @@ TERMINAL_STATUSES = (PaymentStatus.COMPLETED, PaymentStatus.FAILED, PaymentStatu
 
 class Payment(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    # Indexes cost every write: status changes are never HOT updates, so each
+    # claim and each completion writes one entry into every index of the table.
+    # A foreign key that another index already leads with has no index of its
+    # own, and one that is NULL on most rows has a partial index (see Meta).
     from_account = models.ForeignKey(
-        "ledger.Account", on_delete=models.PROTECT, related_name="outgoing_payments"
+        "ledger.Account",
+        on_delete=models.PROTECT,
+        related_name="outgoing_payments",
+        db_index=False,  # payments_by_account leads with it
     )
     to_account = models.ForeignKey(
         "ledger.Account", on_delete=models.PROTECT, related_name="incoming_payments"
@@ -92,6 +99,7 @@ class Payment(models.Model):
         blank=True,
         on_delete=models.PROTECT,
         related_name="payments",
+        db_index=False,  # payments_by_recurring, partial: most payments are one-off
     )
     created_at = models.DateTimeField(db_default=Now(), editable=False)
     updated_at = models.DateTimeField(db_default=Now())
@@ -149,6 +157,11 @@ class Payment(models.Model):
             # ... filtered by account.
             models.Index(fields=["from_account", "-created_at", "-id"], name="payments_by_account"),
             models.Index(fields=["status", "due_at"], name="payments_status_due"),
+            models.Index(
+                fields=["recurring"],
+                condition=Q(recurring__isnull=False),
+                name="payments_by_recurring",
+            ),
         ]
         permissions = [
             ("cancel_payment", "Can cancel payments (audited)"),
@@ -190,7 +203,12 @@ PAYMENT_EVENT_TYPES = (
 class PaymentEvent(models.Model):
     """Append-only audit trail: one row per transition or change."""
 
-    payment = models.ForeignKey(Payment, on_delete=models.PROTECT, related_name="events")
+    payment = models.ForeignKey(
+        Payment,
+        on_delete=models.PROTECT,
+        related_name="events",
+        db_index=False,  # payments_event_by_payment leads with it
+    )
     type = models.CharField(max_length=32)
     from_status = models.CharField(max_length=16, blank=True)
     to_status = models.CharField(max_length=16, blank=True)
@@ -201,13 +219,21 @@ class PaymentEvent(models.Model):
         blank=True,
         on_delete=models.PROTECT,
         related_name="+",
+        db_index=False,  # payments_event_by_user, partial: the engine's events have none
     )
     fence = models.BigIntegerField(null=True, blank=True)
     data = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(db_default=Now(), editable=False)
 
     class Meta:
-        indexes = [models.Index(fields=["payment", "id"], name="payments_event_by_payment")]
+        indexes = [
+            models.Index(fields=["payment", "id"], name="payments_event_by_payment"),
+            models.Index(
+                fields=["actor_user"],
+                condition=Q(actor_user__isnull=False),
+                name="payments_event_by_user",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.type} {self.from_status}→{self.to_status} by {self.actor}"
@@ -223,7 +249,12 @@ class AttemptOutcome(models.TextChoices):
 class PaymentAttempt(models.Model):
     """One execution try: who ran it, with which fence, how long, and how it ended."""
 
-    payment = models.ForeignKey(Payment, on_delete=models.PROTECT, related_name="attempt_log")
+    payment = models.ForeignKey(
+        Payment,
+        on_delete=models.PROTECT,
+        related_name="attempt_log",
+        db_index=False,  # payments_attempt_by_payment leads with it
+    )
     number = models.PositiveIntegerField()
     fence = models.BigIntegerField()
     worker = models.CharField(max_length=128, blank=True)
@@ -282,7 +313,12 @@ class ApiTokenEvent(models.Model):
     where the operator's shell is the record.
     """
 
-    token = models.ForeignKey(ApiToken, on_delete=models.PROTECT, related_name="events")
+    token = models.ForeignKey(
+        ApiToken,
+        on_delete=models.PROTECT,
+        related_name="events",
+        db_index=False,  # payments_tokenevent_by_token leads with it
+    )
     action = models.CharField(max_length=8, choices=ApiTokenAction.choices)
     actor = models.ForeignKey(
         settings.AUTH_USER_MODEL,
@@ -322,7 +358,12 @@ class IdempotencyKey(models.Model):
     with one key resolve to a single execution.
     """
 
-    client = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    client = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        related_name="+",
+        db_index=False,  # payments_idempotency_unique leads with it
+    )
     key = models.CharField(max_length=255)
     fingerprint = models.CharField(max_length=64, help_text="SHA-256 of method, path and body.")
     status = models.CharField(max_length=16, choices=IdempotencyStatus.choices)
@@ -357,7 +398,12 @@ class RecurringPayment(models.Model):
     """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    from_account = models.ForeignKey("ledger.Account", on_delete=models.PROTECT, related_name="+")
+    from_account = models.ForeignKey(
+        "ledger.Account",
+        on_delete=models.PROTECT,
+        related_name="+",
+        db_index=False,  # recurring_by_account leads with it
+    )
     to_account = models.ForeignKey("ledger.Account", on_delete=models.PROTECT, related_name="+")
     amount = models.BigIntegerField()
     description = models.CharField(max_length=255, blank=True)
@@ -420,7 +466,10 @@ class RecurringOccurrence(models.Model):
     """
 
     recurring = models.ForeignKey(
-        RecurringPayment, on_delete=models.PROTECT, related_name="occurrences"
+        RecurringPayment,
+        on_delete=models.PROTECT,
+        related_name="occurrences",
+        db_index=False,  # recurring_occurrence_unique leads with it
     )
     scheduled_for = models.DateTimeField()
     status = models.CharField(max_length=16, choices=OccurrenceStatus.choices)
@@ -532,7 +581,12 @@ class WebhookDelivery(models.Model):
         WebhookEndpoint, on_delete=models.CASCADE, related_name="deliveries"
     )
     event = models.ForeignKey(
-        WebhookEvent, null=True, blank=True, on_delete=models.CASCADE, related_name="deliveries"
+        WebhookEvent,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="deliveries",
+        db_index=False,  # webhook_delivery_once leads with it
     )
     event_type = models.CharField(max_length=64)
     payload = models.JSONField()

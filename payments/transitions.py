@@ -36,6 +36,7 @@ message still carrying the old fence a stale delivery the executor skips.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -374,7 +375,7 @@ def notify_outcomes(payments: Iterable[Payment], owner_of: dict[int, int | None]
         (
             owner,
             "payment.completed" if p.status == PaymentStatus.COMPLETED else "payment.failed",
-            webhooks.payment_data(p),
+            functools.partial(webhooks.payment_data, p),
         )
         for p in payments
         if (owner := owner_of[p.from_account_id]) is not None

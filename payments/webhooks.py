@@ -41,7 +41,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -96,8 +96,12 @@ def verify(secret: str, timestamp: str, body: bytes, signature: str, tolerance: 
     return hmac.compare_digest(sign(secret, int(timestamp), body), signature)
 
 
-def emit(events: Iterable[tuple[int, str, dict]]) -> list[WebhookEvent]:
+def emit(events: Iterable[tuple[int, str, dict | Callable[[], dict]]]) -> list[WebhookEvent]:
     """Record ``(client_id, event_type, data)`` events for clients with a subscribed endpoint.
+
+    ``data`` may be a function that builds it: called only for an event some
+    endpoint subscribes to (the executor's payloads, most of which no one
+    subscribed to, cost nothing then).
 
     Call inside the transaction that made the change. One ``WebhookEvent`` row
     per event (one statement for all of them), however many endpoints the
@@ -120,7 +124,12 @@ def emit(events: Iterable[tuple[int, str, dict]]) -> list[WebhookEvent]:
     }
     now = timezone.now()
     rows = [
-        WebhookEvent(client_id=client_id, event_type=event_type, data=data, created_at=now)
+        WebhookEvent(
+            client_id=client_id,
+            event_type=event_type,
+            data=data() if callable(data) else data,
+            created_at=now,
+        )
         for client_id, event_type, data in events
         if (client_id, event_type) in subscribed
     ]

@@ -12,7 +12,9 @@ are), claims them with the sweeper's claim statement, cuts the claims into
 chunks of that size and runs ``execute_chunk`` on each in this process — no
 broker round trip, no other load — so the numbers are the executor's own
 cost: CPU (``time.process_time``) and SQL statements per payment, and the
-PostgreSQL backend's CPU is not included. ``--profile SIZE`` runs cProfile
+CPU of this process's own PostgreSQL backend (read from the OS, so the
+server's other sessions do not count; its background writers are not
+included). ``--profile SIZE`` runs cProfile
 over the chunks of that size and prints the top functions by cumulative CPU.
 Writes ``bench/results/<date>-executor-cost/report.json``.
 """
@@ -27,6 +29,8 @@ import sys
 import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
+
+import psutil
 
 from bench.harness.api_load import create_client
 from bench.harness.db import prepare
@@ -62,6 +66,17 @@ def setup_clients(endpoints: int) -> list[tuple[int, int]]:
     return pairs
 
 
+def _backend_pid(connection) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return cursor.fetchone()[0]
+
+
+def _cpu(process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
+
+
 def run_size(pairs, payments: int, size: int, profiler=None) -> dict:
     from django.db import connection, transaction
     from django.test.utils import CaptureQueriesContext
@@ -80,6 +95,8 @@ def run_size(pairs, payments: int, size: int, profiler=None) -> dict:
     chunks = [
         items[i : i + size] for items in by_partition.values() for i in range(0, len(items), size)
     ]
+    backend = psutil.Process(_backend_pid(connection))
+    pg_started = _cpu(backend)
     wall_started, cpu_started = time.perf_counter(), time.process_time()
     with CaptureQueriesContext(connection) as ctx:
         if profiler:
@@ -90,6 +107,7 @@ def run_size(pairs, payments: int, size: int, profiler=None) -> dict:
             profiler.disable()
     cpu = time.process_time() - cpu_started
     wall = time.perf_counter() - wall_started
+    pg_cpu = _cpu(backend) - pg_started
     done = Payment.objects.filter(pk__in=[c.payment_id for c in claims])
     completed = done.filter(status=PaymentStatus.COMPLETED).count()
     assert completed == len(claims), (completed, len(claims))
@@ -100,6 +118,7 @@ def run_size(pairs, payments: int, size: int, profiler=None) -> dict:
         "chunks": len(chunks),
         "cpu_ms_per_payment": round(cpu * 1000 / len(claims), 3),
         "wall_ms_per_payment": round(wall * 1000 / len(claims), 3),
+        "postgres_cpu_ms_per_payment": round(pg_cpu * 1000 / len(claims), 3),
         "statements_per_chunk": round(len(ctx.captured_queries) / len(chunks), 1),
         "statements": sorted(((c, s) for s, c in shapes.items()), reverse=True)[:12],
     }
@@ -127,6 +146,7 @@ def main() -> int:
         print(
             f"chunk {size:>4}: {row['chunks']} chunks, CPU {row['cpu_ms_per_payment']} ms/payment, "
             f"wall {row['wall_ms_per_payment']} ms/payment, "
+            f"PostgreSQL {row['postgres_cpu_ms_per_payment']} ms/payment, "
             f"{row['statements_per_chunk']} statements/chunk"
         )
         if profiler:

@@ -312,6 +312,7 @@ CHUNK_STATEMENTS = [
     ("INSERT", "payments_paymentattempt"),  # no id round trip: nothing refers to them
     ("INSERT", "payments_paymentevent"),
 ]
+WEBHOOK_STATEMENT = ("INSERT", "payments_webhookevent")  # when a client subscribed
 
 
 def statement(sql):
@@ -321,9 +322,18 @@ def statement(sql):
 
 
 @pytest.mark.postgres  # the statements of the PostgreSQL bulk path
-def test_statements_do_not_grow_with_the_chunk(alice, monkeypatch):
+@pytest.mark.parametrize("subscribed", [False, True], ids=["no-endpoint", "endpoint"])
+def test_statements_do_not_grow_with_the_chunk(alice, monkeypatch, receiver, subscribed):
     """A chunk costs the same statements whatever its size: one per kind of row
-    (bulk writes, one lookup of taken references), not one per payment."""
+    (bulk writes, one lookup of taken references), not one per payment — and
+    no column the executor leaves unread (``locks.EXECUTOR_UNREAD``) is fetched
+    one payment at a time, webhook payloads included."""
+    expected = list(CHUNK_STATEMENTS)
+    if subscribed:
+        webhooks.endpoint_create(
+            client=alice.user, url=receiver.url, event_types=["payment.completed"]
+        )
+        expected.insert(expected.index(("UPDATE", "payments_payment")), WEBHOOK_STATEMENT)
     for n in (1, 4):
         ids = schedule(alice, n, amount=10)
         items = claimed(monkeypatch, *ids)
@@ -331,7 +341,9 @@ def test_statements_do_not_grow_with_the_chunk(alice, monkeypatch):
             result = executor.execute_chunk(items, worker=WORKER)
         assert sorted(result.completed) == sorted(ids)
         sent = [q["sql"] for q in queries.captured_queries if "SAVEPOINT" not in q["sql"]]
-        assert [statement(sql) for sql in sent] == CHUNK_STATEMENTS
+        assert [statement(sql) for sql in sent] == expected
+    if subscribed:
+        assert WebhookEvent.objects.filter(event_type="payment.completed").count() == 5
 
 
 def test_webhook_outbox_rows_for_the_source_accounts_owner(chunk, alice, bob, receiver):

@@ -1,0 +1,75 @@
+"""The index inventory of the service's own tables (PostgreSQL).
+
+Every index is written on every insert, and on every update that is not HOT —
+a payment's status changes never are — so the executor pays for each one
+about twice per payment. Two rules keep the set honest:
+
+- no index repeats the leading columns of another (a foreign key's automatic
+  index beside a composite index that already leads with that key);
+- every foreign key still leads some index (a partial one where the column is
+  NULL on most rows), so a ``PROTECT`` check or a join from the parent side
+  never scans the table.
+"""
+
+import pytest
+from django.db import connection
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
+
+# Every index of the ledger_* and payments_* tables: name, table, key columns
+# with their operator classes, whether unique, whether partial.
+INDEXES_SQL = """
+SELECT i.relname, t.relname,
+       array(SELECT a.attname || ':' || o.opcname
+               FROM unnest(x.indkey, x.indclass) WITH ORDINALITY AS k(attnum, opclass, n)
+               JOIN pg_attribute a ON a.attrelid = t.oid AND a.attnum = k.attnum
+               JOIN pg_opclass o ON o.oid = k.opclass
+              ORDER BY k.n),
+       x.indisunique, x.indpred IS NOT NULL
+  FROM pg_index x
+  JOIN pg_class i ON i.oid = x.indexrelid
+  JOIN pg_class t ON t.oid = x.indrelid
+  JOIN pg_namespace s ON s.oid = t.relnamespace
+ WHERE s.nspname = current_schema() AND t.relname ~ '^(ledger|payments)_'
+"""
+
+FOREIGN_KEYS_SQL = """
+SELECT c.conname, t.relname, a.attname
+  FROM pg_constraint c
+  JOIN pg_class t ON t.oid = c.conrelid
+  JOIN pg_namespace s ON s.oid = t.relnamespace
+  JOIN pg_attribute a ON a.attrelid = t.oid AND a.attnum = c.conkey[1]
+ WHERE c.contype = 'f' AND s.nspname = current_schema() AND t.relname ~ '^(ledger|payments)_'
+"""
+
+
+def rows(sql):
+    with connection.cursor() as cursor:
+        cursor.execute(sql)
+        return cursor.fetchall()
+
+
+def test_no_index_repeats_the_leading_columns_of_another():
+    indexes = rows(INDEXES_SQL)
+    redundant = [
+        (name, other)
+        for name, table, columns, unique, partial in indexes
+        if not unique and not partial
+        for other, other_table, other_columns, _, other_partial in indexes
+        if other != name
+        and other_table == table
+        and not other_partial
+        and len(other_columns) >= len(columns)
+        and other_columns[: len(columns)] == columns
+    ]
+    assert redundant == []
+
+
+def test_every_foreign_key_leads_an_index():
+    leading = {(table, columns[0].split(":")[0]) for _, table, columns, _, _ in rows(INDEXES_SQL)}
+    unindexed = [
+        (constraint, table, column)
+        for constraint, table, column in rows(FOREIGN_KEYS_SQL)
+        if (table, column) not in leading
+    ]
+    assert unindexed == []
