@@ -92,8 +92,9 @@ def bulk_insert_rows(objs: Sequence[models.Model], *, read_back: bool = True) ->
     """Insert ``objs`` (all of one model, not yet saved) in one statement.
 
     As ``bulk_create`` does, the objects come back saved: primary keys set
-    (an auto pk is taken from the table's sequence first, so rows inserted
-    afterwards can refer to it) and database defaults read back.
+    (an auto pk is taken from the table's sequence first — or, for a single
+    row, from the INSERT's RETURNING — so rows inserted afterwards can refer
+    to it) and database defaults read back.
 
     ``read_back=False`` is for rows nothing refers to afterwards (postings,
     attempts, events): the database assigns auto pks and defaults itself and
@@ -122,6 +123,18 @@ def bulk_insert_rows(objs: Sequence[models.Model], *, read_back: bool = True) ->
         skipped = [*db_defaults, pk] if auto_pk else db_defaults
         columns = [f for f in meta.concrete_fields if f not in skipped]
         _insert(meta.db_table, columns, objs, returning=None)
+        return
+    if auto_pk and len(objs) == 1:
+        # One row: the row RETURNING gives back is its own, so the database
+        # assigns the pk in the INSERT itself, without a sequence round trip
+        # first (a schedule's hold). Several rows keep the round trip: the
+        # order of rows RETURNING gives back is not promised.
+        columns = [f for f in meta.concrete_fields if f not in db_defaults and f is not pk]
+        ((first.pk, *values),) = _insert(meta.db_table, columns, objs, returning=[pk, *db_defaults])
+        for field, value in zip(db_defaults, values, strict=True):
+            setattr(first, field.attname, value)
+        first._state.adding = False
+        first._state.db = connection.alias
         return
     if auto_pk:
         with connection.cursor() as cursor:

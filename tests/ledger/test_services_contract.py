@@ -683,6 +683,31 @@ def test_flush_writes_one_statement_per_table():
     assert (fresh(a).balance, fresh(a).held, fresh(b).balance) == (85, 0, 15)
 
 
+@pytest.mark.postgres
+def test_one_new_row_takes_its_id_from_its_insert():
+    """A lone new entry or hold needs no sequence round trip: its INSERT's RETURNING
+    gives its id (and database defaults), and the rows written after it refer to it."""
+    a, b = AccountFactory(funded=100), AccountFactory()
+    with transaction.atomic():
+        batch = LedgerBatch(account_ids=[a.pk, b.pk])
+        entry = batch.transfer(from_account_id=a.pk, to_account_id=b.pk, amount=10)
+        hold = batch.place_hold(account_id=a.pk, amount=5, reference="lone")
+        with CaptureQueriesContext(connection) as queries:
+            batch.flush()
+    statements = [" ".join(q["sql"].split()[:3]) for q in queries.captured_queries]
+    assert statements == [
+        'INSERT INTO "ledger_journalentry"',
+        'INSERT INTO "ledger_posting"',
+        'INSERT INTO "ledger_hold"',
+        'UPDATE "ledger_account" AS',
+    ]
+    stored = JournalEntry.objects.get(pk=entry.pk)
+    assert entry.created_at == stored.created_at is not None
+    assert sorted(p.amount for p in stored.postings.all()) == [-10, 10]
+    assert Hold.objects.get(pk=hold.pk).reference == "lone"
+    assert not (entry._state.adding or hold._state.adding)
+
+
 # --- concurrency (PostgreSQL, real transactions) -----------------------------------
 
 
