@@ -107,12 +107,14 @@ def bulk_insert_rows(objs: Sequence[models.Model], *, read_back: bool = True) ->
     meta = model._meta
     pk = meta.pk
     first = objs[0]
-    db_defaults = [
-        f for f in meta.concrete_fields if isinstance(getattr(first, f.attname), DatabaseDefault)
-    ]
+    # Fields left to their database default, as the first object has them; a
+    # batch where the objects disagree (one gives a value the next leaves to
+    # the default, either way round) goes to bulk_create, which handles that.
+    defaulted = [f for f in meta.concrete_fields if f.db_default is not models.NOT_PROVIDED]
+    db_defaults = [f for f in defaulted if isinstance(getattr(first, f.attname), DatabaseDefault)]
     mixed = any(
-        not isinstance(getattr(obj, f.attname), DatabaseDefault)
-        for f in db_defaults
+        isinstance(getattr(obj, f.attname), DatabaseDefault) != (f in db_defaults)
+        for f in defaulted
         for obj in objs
     )
     if connection.vendor != "postgresql" or mixed:

@@ -12,7 +12,8 @@ from ledger import services as ledger
 from ledger.models import Account, JournalEntry, Posting
 from tests.factories import AccountFactory
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# The triggers and constraints under test are PostgreSQL's (migration ledger 0002).
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres]
 
 
 def sql(statement, params=()):

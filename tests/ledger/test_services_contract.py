@@ -436,6 +436,7 @@ def test_capture_description_defaults_to_empty():
     assert (JournalEntry.objects.get(pk=entry.pk).description, entry.reference) == ("", None)
 
 
+@pytest.mark.postgres  # SQLite has no FOR NO KEY UPDATE to look for
 def test_capture_reads_the_hold_once_before_locking_it():
     a, b = AccountFactory(funded=10), AccountFactory()
     hold = ledger.hold_place(account_id=a.pk, amount=10)
@@ -705,7 +706,7 @@ def test_one_new_row_takes_its_id_from_its_insert():
     assert entry.created_at == stored.created_at is not None
     assert sorted(p.amount for p in stored.postings.all()) == [-10, 10]
     assert Hold.objects.get(pk=hold.pk).reference == "lone"
-    assert not (entry._state.adding or hold._state.adding)
+    assert (entry._state.adding, hold._state.adding) == (False, False)
 
 
 # --- concurrency (PostgreSQL, real transactions) -----------------------------------
