@@ -67,3 +67,11 @@ class EntryAlreadyReversed(LedgerError):
     """The entry has already been reversed."""
 
     code = "entry_already_reversed"
+
+
+class StaleAccounts(Exception):
+    """A batch that read its accounts without locking them found, once it locked
+    them, that one changed in a way its checks depended on (status, overdraft
+    rule, funds). Nothing is written: the caller rolls back and runs the batch
+    again with the accounts locked first. Not a ``LedgerError``: no rule refused
+    anything, and no API answer maps it."""

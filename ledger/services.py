@@ -15,6 +15,19 @@ Every movement of money goes through :class:`LedgerBatch`, a unit of work that
 3. writes everything in :meth:`LedgerBatch.flush` with bulk statements: one
    INSERT for entries, one for postings, one UPDATE per changed table.
 
+With ``lock_accounts_last=True`` (the executor's batches) step 1 only *reads*
+the accounts; operations are checked against that snapshot, and
+:meth:`LedgerBatch.flush` writes entries and holds but not postings or
+balances. :meth:`LedgerBatch.flush_balances`, called last before COMMIT,
+locks the changed accounts (same order), re-checks what the operations relied
+on against the locked rows (status, overdraft rule, funds where the batch
+lowers them: else ``StaleAccounts`` and the caller runs again with the
+accounts locked first), applies the batch's changes to the locked balances,
+computes each posting's ``balance_after`` from them and writes postings and
+balances. The account rows stay locked for three statements and the COMMIT
+instead of the whole batch: a schedule request placing a hold on one of them,
+or another batch, waits that long and no longer.
+
 The single-operation services below (``transfer_post``, ``hold_place``, …)
 are one-operation batches, each in its own transaction.
 """
@@ -40,6 +53,7 @@ from .exceptions import (
     InvalidAmount,
     LedgerError,
     SameAccount,
+    StaleAccounts,
     SystemAccountProtected,
 )
 from .models import (
@@ -51,6 +65,11 @@ from .models import (
     JournalEntry,
     Posting,
 )
+
+
+def read_accounts(account_ids: Iterable[int]) -> dict[int, Account]:
+    """The given accounts by id, read without locks (``lock_accounts_last``)."""
+    return {a.pk: a for a in Account.objects.filter(pk__in=set(account_ids))}
 
 
 def lock_accounts(account_ids: Iterable[int]) -> dict[int, Account]:
@@ -82,6 +101,8 @@ class LedgerBatch:
     ``hold_ids`` every hold that will be captured or released.
     ``references`` may list entry references the caller will post, so that
     duplicates are found with one query instead of one per entry.
+    ``lock_accounts_last``: read the accounts now, lock them in
+    :meth:`flush_balances` (module docstring).
     """
 
     def __init__(
@@ -90,8 +111,16 @@ class LedgerBatch:
         account_ids: Iterable[int],
         hold_ids: Iterable[int] = (),
         references: Iterable[str] = (),
+        lock_accounts_last: bool = False,
     ) -> None:
-        self.accounts = lock_accounts(account_ids)
+        self._lock_last = lock_accounts_last
+        self.accounts = (read_accounts if lock_accounts_last else lock_accounts)(account_ids)
+        # what was read, for flush_balances to carry the batch's changes onto the locked rows
+        self._read = (
+            {aid: (a.balance, a.held, a.version) for aid, a in self.accounts.items()}
+            if lock_accounts_last
+            else {}
+        )
         hold_ids = sorted(set(hold_ids))
         self.holds: dict[int, Hold] = (
             {
@@ -316,22 +345,54 @@ class LedgerBatch:
         return hold
 
     def flush(self) -> None:
-        """Write all applied operations with bulk statements."""
+        """Write all applied operations with bulk statements (with
+        ``lock_accounts_last``: all but postings and balances, which
+        :meth:`flush_balances` writes)."""
         if self._entries:
             bulk_insert_rows(self._entries)
-        if self._postings:
-            bulk_insert_rows(self._postings, read_back=False)
         if self._new_holds:
             bulk_insert_rows(self._new_holds)
         if self._changed_holds:
             bulk_update_rows(list(self._changed_holds.values()), ["status", "entry", "resolved_at"])
+        self._entries, self._new_holds, self._changed_holds = [], [], {}
+        if not self._lock_last:
+            self._write_balances()
+
+    def flush_balances(self) -> None:
+        """``lock_accounts_last``: lock the changed accounts, carry the batch's
+        changes onto them, write postings and balances. Call it after
+        :meth:`flush`, as the transaction's last writes. Raises
+        ``StaleAccounts`` (nothing written by it) when a locked row no longer
+        satisfies what an operation was checked against."""
+        if not self._lock_last or not self._changed_accounts:
+            return
+        locked = lock_accounts(self._changed_accounts)
+        for aid in sorted(self._changed_accounts):
+            mine, now = self.accounts[aid], locked[aid]
+            balance0, held0, version0 = self._read[aid]
+            d_balance, d_held = mine.balance - balance0, mine.held - held0
+            if now.status != mine.status or now.allow_negative != mine.allow_negative:
+                raise StaleAccounts(f"Account {aid} changed status while the batch ran.")
+            available = now.balance + d_balance - (now.held + d_held)
+            if d_balance - d_held < 0 and not now.allow_negative and available < 0:
+                raise StaleAccounts(f"Account {aid} no longer has the funds the batch used.")
+            mine.balance, mine.held = now.balance + d_balance, now.held + d_held
+            mine.version = now.version + (mine.version - version0)
+        running = {aid: locked[aid].balance for aid in self._changed_accounts}
+        for posting in self._postings:
+            running[posting.account_id] += posting.amount
+            posting.balance_after = running[posting.account_id]
+        self._write_balances()
+
+    def _write_balances(self) -> None:
+        if self._postings:
+            bulk_insert_rows(self._postings, read_back=False)
         if self._changed_accounts:
             bulk_update_rows(
                 [self.accounts[aid] for aid in sorted(self._changed_accounts)],
                 ["balance", "held", "version", "updated_at"],
             )
-        self._entries, self._postings, self._new_holds = [], [], []
-        self._changed_holds, self._changed_accounts = {}, set()
+        self._postings, self._changed_accounts = [], set()
 
 
 def _unique_reference_violation(exc: IntegrityError) -> bool:

@@ -64,6 +64,11 @@ chunk_retries = Counter(
     "payments_chunk_retries_total", "Executor chunk retries by error class", ["error_class"]
 )
 chunk_splits = Counter("payments_chunk_splits_total", "Chunks split to isolate a poison payment")
+stale_account_reads = Counter(
+    "payments_batch_stale_accounts_total",
+    "Executor batches run again with accounts locked first: an account read unlocked "
+    "changed status or funds before the batch locked it",
+)
 
 
 def record_chunk(result) -> None:

@@ -20,13 +20,21 @@ For a chunk of ``(payment id, fence)`` pairs (and the partitions it holds):
    with no mode to switch. Any QUEUED payment may run this way: QUEUED under
    a row lock is what makes it runnable; the fence only tells a message's own
    items apart;
-4. lock every involved account in ascending id order (``LedgerBatch``) and
-   the holds, apply each transfer capturing its hold; a payment that breaks a
-   business rule (account frozen, hold gone…) is FAILED with its hold
-   released, without disturbing the others;
-5. write entries, postings, holds and balances with bulk statements, mark
-   payments COMPLETED / FAILED, write attempts and events, commit;
-6. side effects (logs, metrics, webhooks) run after commit.
+4. lock the holds, read every involved account (``LedgerBatch`` with
+   ``lock_accounts_last``), apply each transfer capturing its hold; a payment
+   that breaks a business rule (account frozen, hold gone…) is FAILED with its
+   hold released, without disturbing the others;
+5. write entries and holds with bulk statements, mark payments COMPLETED /
+   FAILED, write attempts and events;
+6. last, lock the changed accounts in ascending id order, carry the batch's
+   changes onto the locked rows, write postings and balances, commit: an
+   account stays locked for those statements only, not for the whole batch,
+   so a schedule request placing a hold on it (or another batch) does not
+   wait for the batch. If a locked account no longer satisfies a check the
+   batch made on its unlocked read (frozen meanwhile…), the transaction rolls
+   back and the chunk runs again with the accounts locked first, as in 4 of
+   the single-operation services;
+7. side effects (logs, metrics, webhooks) run after commit.
 
 Exactly-once does not depend on the queue: the fence check under a row lock
 turns duplicates away, and the journal entry's UNIQUE reference makes a
@@ -46,7 +54,7 @@ from django.conf import settings
 from django.db import transaction
 
 from ledger.db import bulk_insert_rows, bulk_update_rows
-from ledger.exceptions import DuplicateReference, LedgerError
+from ledger.exceptions import DuplicateReference, LedgerError, StaleAccounts
 from ledger.models import JournalEntry
 from ledger.services import LedgerBatch
 
@@ -89,6 +97,15 @@ def execute_chunk(
     own payments run.
     """
     worker = worker or worker_name()
+    try:
+        return _execute(items, partitions, worker, lock_accounts_last=True)
+    except StaleAccounts as exc:
+        logger.info("batch read a changed account; running it again locked first: %s", exc)
+        metrics.stale_account_reads.inc()
+        return _execute(items, partitions, worker, lock_accounts_last=False)
+
+
+def _execute(items, partitions, worker, *, lock_accounts_last: bool) -> ChunkResult:
     fences = {str(pid): int(fence) for pid, fence in items}
     result = ChunkResult()
     with transaction.atomic():
@@ -113,21 +130,25 @@ def execute_chunk(
             more = locks.lock_due_queued(partitions, now=now, limit=room, exclude=fences)
             result.collapsed.extend(str(p.pk) for p in more)
             due.extend(more)
-        if due:
-            _run(due, now, worker, result, attempts, events)
+        batch = (
+            _run(due, now, worker, result, attempts, events, lock_accounts_last) if due else None
+        )
         bulk_insert_rows(attempts, read_back=False)
         bulk_insert_rows(events, read_back=False)
+        if batch is not None:
+            batch.flush_balances()  # the account locks: last, held until COMMIT
         transaction.on_commit(lambda: _after_commit(result))
     if result.stale:
         logger.info("skipped %s stale deliveries", len(result.stale), extra={"stale": result.stale})
     return result
 
 
-def _run(due, now, worker, result, attempts, events) -> None:
+def _run(due, now, worker, result, attempts, events, lock_accounts_last) -> LedgerBatch:
     batch = LedgerBatch(
         account_ids={p.from_account_id for p in due} | {p.to_account_id for p in due},
         hold_ids=[p.hold_id for p in due if p.hold_id],
         references=[p.reference for p in due],
+        lock_accounts_last=lock_accounts_last,
     )
     worker = worker[:128]
     for payment in due:
@@ -204,6 +225,7 @@ def _run(due, now, worker, result, attempts, events) -> None:
             "updated_at",
         ],
     )
+    return batch
 
 
 def _after_commit(result: ChunkResult) -> None:

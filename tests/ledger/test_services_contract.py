@@ -26,9 +26,11 @@ from ledger.exceptions import (
     InvalidAmount,
     LedgerError,
     SameAccount,
+    StaleAccounts,
     SystemAccountProtected,
 )
 from ledger.models import Account, Hold, HoldStatus, JournalEntry, Posting
+from ledger.reconciliation import reconcile
 from ledger.services import LedgerBatch, Leg
 from tests.concurrency import run_in_threads
 from tests.factories import AccountFactory, UserFactory
@@ -677,8 +679,9 @@ def test_flush_writes_one_statement_per_table():
         # the two entries' ids first, so postings and the hold can refer to them
         "SELECT nextval(pg_get_serial_sequence('ledger_journalentry', 'id'))",
         'INSERT INTO "ledger_journalentry"',
-        'INSERT INTO "ledger_posting"',
         'UPDATE "ledger_hold" AS',
+        # postings and balances last (with lock_accounts_last, after the locks)
+        'INSERT INTO "ledger_posting"',
         'UPDATE "ledger_account" AS',
     ]
     assert (fresh(a).balance, fresh(a).held, fresh(b).balance) == (85, 0, 15)
@@ -698,8 +701,8 @@ def test_one_new_row_takes_its_id_from_its_insert():
     statements = [" ".join(q["sql"].split()[:3]) for q in queries.captured_queries]
     assert statements == [
         'INSERT INTO "ledger_journalentry"',
-        'INSERT INTO "ledger_posting"',
         'INSERT INTO "ledger_hold"',
+        'INSERT INTO "ledger_posting"',
         'UPDATE "ledger_account" AS',
     ]
     stored = JournalEntry.objects.get(pk=entry.pk)
@@ -814,3 +817,119 @@ def test_other_integrity_errors_are_not_reported_as_duplicates():
         ledger.transfer_post(
             from_account_id=a.pk, to_account_id=b.pk, amount=5, reference="pay:1", kind="bogus"
         )
+
+
+# --- lock_accounts_last: accounts read first, locked in flush_balances ----------------
+
+
+def elsewhere(work):
+    """Run ``work()`` in another connection and commit it, while this test's
+    transaction stays open; fails the test if it had to wait on a lock (3 s)."""
+
+    def run(_):
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL lock_timeout = '3s'")
+            work()
+
+    assert run_in_threads(run, 1) == []
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_lock_accounts_last_carries_the_batch_onto_what_others_committed_meanwhile():
+    """Until ``flush_balances`` the batch holds no account lock: others move money
+    on its accounts and commit. Then it locks them and applies its own changes on
+    top: balances, held amounts and every posting's ``balance_after`` follow the
+    locked rows, not the batch's first read, and the ledger reconciles."""
+    a, b, c = AccountFactory(funded=100), AccountFactory(), AccountFactory(funded=50)
+    hold = ledger.hold_place(account_id=a.pk, amount=10)
+    version = fresh(a).version
+    with transaction.atomic():
+        batch = LedgerBatch(account_ids=[a.pk, b.pk], hold_ids=[hold.pk], lock_accounts_last=True)
+        batch.transfer(from_account_id=a.pk, to_account_id=b.pk, amount=10, hold_id=hold.pk)
+        batch.transfer(from_account_id=a.pk, to_account_id=b.pk, amount=5)
+        batch.flush()
+        assert share("ledger_account", a.pk) is None  # not locked yet
+
+        def meanwhile():
+            ledger.hold_place(account_id=a.pk, amount=20)
+            ledger.transfer_post(from_account_id=c.pk, to_account_id=b.pk, amount=7)
+
+        elsewhere(meanwhile)
+        batch.flush_balances()
+        assert share("ledger_account", a.pk) == "LockNotAvailable"
+        assert share("ledger_account", b.pk) == "LockNotAvailable"
+        assert share("ledger_account", c.pk) is None  # not in the batch's changes
+    assert (fresh(a).balance, fresh(a).held, fresh(b).balance) == (85, 20, 22)
+    assert fresh(a).version == version + 3  # theirs, then our two operations
+    afters = list(
+        Posting.objects.filter(account__in=[a, b])
+        .order_by("pk")
+        .values_list("account_id", "amount", "balance_after")
+    )
+    assert afters[-4:] == [(a.pk, -10, 90), (b.pk, 10, 17), (a.pk, -5, 85), (b.pk, 5, 22)]
+    assert reconcile().ok
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("status", ["frozen", "closed"])
+def test_lock_accounts_last_refuses_an_account_whose_status_changed(status):
+    """Checked against an active account, written to a frozen one: never —
+    ``StaleAccounts``, and flush_balances writes nothing."""
+    a, b = AccountFactory(funded=100), AccountFactory()
+    postings = Posting.objects.count()
+    with pytest.raises(StaleAccounts, match="status"), transaction.atomic():
+        batch = LedgerBatch(account_ids=[a.pk, b.pk], lock_accounts_last=True)
+        batch.transfer(from_account_id=a.pk, to_account_id=b.pk, amount=10)
+        batch.flush()
+        elsewhere(lambda: ledger.account_set_status(account_id=b.pk, status=status))
+        batch.flush_balances()
+    assert Posting.objects.count() == postings
+    assert (fresh(a).balance, fresh(b).balance, fresh(b).status) == (100, 0, status)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_lock_accounts_last_refuses_funds_that_went_meanwhile():
+    """A debit checked against 100 available, when a hold placed meanwhile left 20:
+    ``StaleAccounts`` (not the CHECK constraint's IntegrityError at the UPDATE)."""
+    a, b = AccountFactory(funded=100), AccountFactory()
+    with pytest.raises(StaleAccounts, match="funds"), transaction.atomic():
+        batch = LedgerBatch(account_ids=[a.pk, b.pk], lock_accounts_last=True)
+        batch.transfer(from_account_id=a.pk, to_account_id=b.pk, amount=50)
+        batch.flush()
+        elsewhere(lambda: ledger.hold_place(account_id=a.pk, amount=80))
+        batch.flush_balances()
+    assert (fresh(a).balance, fresh(a).held, fresh(b).balance) == (100, 80, 0)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_lock_accounts_last_keeps_funds_the_batch_does_not_lower():
+    """What the batch pays out of a captured hold or into an account does not lower
+    its available funds: a hold placed meanwhile that takes all of them is no reason
+    to refuse (nor is an overdraft-allowed account's negative balance)."""
+    a, b = AccountFactory(funded=100), AccountFactory()
+    hold = ledger.hold_place(account_id=a.pk, amount=30)
+    with transaction.atomic():
+        batch = LedgerBatch(account_ids=[a.pk, b.pk], hold_ids=[hold.pk], lock_accounts_last=True)
+        batch.transfer(from_account_id=a.pk, to_account_id=b.pk, amount=30, hold_id=hold.pk)
+        batch.flush()
+        elsewhere(lambda: ledger.hold_place(account_id=a.pk, amount=70))
+        batch.flush_balances()
+    assert (fresh(a).balance, fresh(a).held, fresh(b).balance) == (70, 70, 30)
+    assert reconcile().ok
+
+
+def test_flush_balances_without_lock_accounts_last_writes_nothing_more(django_assert_num_queries):
+    """The default batch locked its accounts up front and wrote everything in flush."""
+    a, b = AccountFactory(funded=100), AccountFactory()
+    with transaction.atomic():
+        batch = LedgerBatch(account_ids=[a.pk, b.pk])
+        batch.transfer(from_account_id=a.pk, to_account_id=b.pk, amount=10)
+        batch.flush()
+        with django_assert_num_queries(0):
+            batch.flush_balances()
+    assert (fresh(a).balance, fresh(b).balance) == (90, 10)

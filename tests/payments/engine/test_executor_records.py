@@ -298,27 +298,31 @@ def test_entry_posted_before_is_recorded_not_posted_again(alice, monkeypatch):
 
 CHUNK_STATEMENTS = [
     ("SELECT", "clock_timestamp"),  # the one clock
-    ("SELECT", "payments_payment"),  # lock the chunk's payments
-    ("SELECT", "ledger_account"),  # lock the accounts
-    ("SELECT", "ledger_hold"),  # lock the holds
+    ("LOCK", "payments_payment"),  # lock the chunk's payments
+    ("SELECT", "ledger_account"),  # read the accounts, no lock yet
+    ("LOCK", "ledger_hold"),  # lock the holds
     ("SELECT", "ledger_journalentry"),  # references already taken, one lookup
     ("SELECT", "nextval"),  # ids of the new entries (postings refer to them)
     ("INSERT", "ledger_journalentry"),
-    ("INSERT", "ledger_posting"),
     ("UPDATE", "ledger_hold"),
-    ("UPDATE", "ledger_account"),
     ("SELECT", "payments_webhookendpoint"),  # who is subscribed
     ("UPDATE", "payments_payment"),
     ("INSERT", "payments_paymentattempt"),  # no id round trip: nothing refers to them
     ("INSERT", "payments_paymentevent"),
+    # The account locks come last, held for these three statements and COMMIT
+    # only: a schedule request placing a hold does not wait for the batch.
+    ("LOCK", "ledger_account"),
+    ("INSERT", "ledger_posting"),
+    ("UPDATE", "ledger_account"),
 ]
 WEBHOOK_STATEMENT = ("INSERT", "payments_webhookevent")  # when a client subscribed
 
 
 def statement(sql):
-    """(verb, table or function) of one SQL statement."""
+    """(verb, table or function) of one SQL statement; a row-locking SELECT is LOCK."""
     function = re.match(r"SELECT (\w+)\(", sql)
-    return (sql.split()[0], function.group(1) if function else sql.split('"')[1])
+    verb = "LOCK" if re.search(r"FOR (NO KEY )?UPDATE", sql) else sql.split()[0]
+    return (verb, function.group(1) if function else sql.split('"')[1])
 
 
 @pytest.mark.postgres  # the statements of the PostgreSQL bulk path

@@ -1,0 +1,151 @@
+"""The executor locks its accounts last (DESIGN §4.1, ``payments.engine.executor`` 6).
+
+A batch reads its accounts, does everything else, and only then locks the
+accounts it changes, for the postings, the balance UPDATE and COMMIT. These
+tests pin what that buys and what it must not cost: a schedule request on the
+batch's source account does not wait for the batch, money others moved on
+those accounts meanwhile is kept, and an account frozen meanwhile is never
+paid into — the batch runs again with the accounts locked first and the
+payment fails as it would have.
+"""
+
+import threading
+
+import pytest
+from django.db import connection, transaction
+from prometheus_client import REGISTRY
+
+from ledger import services as ledger
+from ledger.models import Account, Hold, JournalEntry, Posting
+from ledger.reconciliation import reconcile
+from ledger.services import LedgerBatch
+from payments.clock import db_now
+from payments.engine import executor
+from payments.models import Payment
+from tests.concurrency import run_in_threads
+from tests.factories import AccountFactory, UserFactory
+from tests.payments.helpers import bulk_schedule, claim_batch
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+STALE = "payments_batch_stale_accounts_total"
+
+
+def due_chunk(source, target, count, amount=10):
+    """``count`` payments from source to target, due now and claimed: chunk items."""
+    ids = bulk_schedule(
+        sources=[source], targets=[target], count=count, amount=amount, due_at=db_now()
+    )
+    with transaction.atomic():
+        fences = {c.payment_id: c.fence for c in claim_batch(count, 0.0)}
+    return [(pid, fences[pid]) for pid in ids]
+
+
+def elsewhere(work):
+    """``work()`` in its own connection and transaction, committed; it may wait on
+    a lock for 3 s at most (else the test fails with LockNotAvailable)."""
+
+    def run(_):
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL lock_timeout = '3s'")
+            work()
+
+    assert run_in_threads(run, 1) == []
+
+
+def before_the_account_locks(monkeypatch, work):
+    """Run ``work()`` once, in another connection, when the executor's first batch
+    has written everything but postings and balances (accounts not locked yet)."""
+    real = LedgerBatch.flush_balances
+    done = threading.Event()
+
+    def flush_balances(self):
+        if not done.is_set():
+            done.set()
+            elsewhere(work)
+        return real(self)
+
+    monkeypatch.setattr(LedgerBatch, "flush_balances", flush_balances)
+    return done
+
+
+def stale_count():
+    return REGISTRY.get_sample_value(STALE) or 0.0
+
+
+def test_a_hold_on_the_source_does_not_wait_for_the_batch(monkeypatch):
+    """While a batch of payments out of an account runs, the client schedules
+    another out of it: the hold is placed at once (no lock wait), and the
+    batch's capture lands on top of it — nothing lost, nothing held twice."""
+    owner = UserFactory()
+    source = AccountFactory(owner=owner, funded=10_000).pk
+    target = AccountFactory().pk
+    items = due_chunk(source, target, 5)
+    placed = []
+    ran = before_the_account_locks(
+        monkeypatch,
+        lambda: placed.append(ledger.hold_place(account_id=source, amount=70).pk),
+    )
+    result = executor.execute_chunk(items)
+    assert ran.is_set() and len(result.completed) == 5
+    account = Account.objects.get(pk=source)
+    assert (account.balance, account.held) == (10_000 - 50, 70)
+    assert Hold.objects.get(pk=placed[0]).status == "active"
+    assert Account.objects.get(pk=target).balance == 50
+    assert reconcile().ok
+
+
+def test_money_moved_meanwhile_on_both_accounts_is_kept(monkeypatch):
+    """Others pay into the target and out of the source while the batch runs;
+    the batch's postings chain on from what they committed."""
+    source = AccountFactory(funded=1_000).pk
+    target = AccountFactory().pk
+    other = AccountFactory(funded=1_000).pk
+    items = due_chunk(source, target, 3, amount=100)
+
+    def meanwhile():
+        ledger.transfer_post(from_account_id=other, to_account_id=target, amount=11)
+        ledger.transfer_post(from_account_id=source, to_account_id=other, amount=22)
+
+    before_the_account_locks(monkeypatch, meanwhile)
+    result = executor.execute_chunk(items)
+    assert len(result.completed) == 3
+    assert Account.objects.get(pk=source).balance == 1_000 - 300 - 22
+    assert Account.objects.get(pk=target).balance == 300 + 11
+    last = Posting.objects.filter(account_id=target).order_by("-pk").first()
+    assert last.balance_after == 311
+    assert reconcile().ok
+
+
+@pytest.mark.parametrize("frozen", ["source", "target"])
+def test_an_account_frozen_meanwhile_fails_its_payments_as_if_locked_first(monkeypatch, frozen):
+    """Frozen after the batch read it, before it locked it: the first run is
+    rolled back (``StaleAccounts``, counted), the second locks first and finds the
+    account frozen — the payment FAILED, its hold released, no entry; payments
+    between other accounts in the same chunk still complete."""
+    source, target = AccountFactory(funded=1_000).pk, AccountFactory().pk
+    bystander_source, bystander_target = AccountFactory(funded=1_000).pk, AccountFactory().pk
+    items = due_chunk(source, target, 2) + due_chunk(bystander_source, bystander_target, 1)
+    victim = source if frozen == "source" else target
+    stale = stale_count()
+    before_the_account_locks(
+        monkeypatch, lambda: ledger.account_set_status(account_id=victim, status="frozen")
+    )
+    result = executor.execute_chunk(items)
+    assert stale_count() == stale + 1
+    assert sorted(result.failed) == sorted(pid for pid, _ in items[:2])
+    assert result.failure_codes == ["account_not_active", "account_not_active"]
+    assert result.completed == [items[2][0]]
+    for pid, _ in items[:2]:
+        payment = Payment.objects.get(pk=pid)
+        assert (payment.status, payment.error_code) == ("FAILED", "account_not_active")
+        assert Hold.objects.get(pk=payment.hold_id).status == "released"
+        assert not JournalEntry.objects.filter(reference=f"payment:{pid}").exists()
+    assert Payment.objects.get(pk=items[2][0]).status == "COMPLETED"
+    assert (Account.objects.get(pk=source).balance, Account.objects.get(pk=source).held) == (
+        1_000,
+        0,
+    )
+    assert Account.objects.get(pk=bystander_target).balance == 10
+    assert reconcile().ok
