@@ -131,8 +131,10 @@ def new_payment(
 
     The one place a payment and its hold are made: the API's schedule, the
     materialiser's occurrences, and bulk loads (tests, bench) all go through
-    it. ``batch`` must hold the source account's lock; the hold raises
-    ``InsufficientFunds`` if the available balance does not cover ``amount``.
+    it. ``batch`` must hold the source account's lock, or take it in
+    ``flush_balances`` (``lock_accounts_last``: the schedule request, which
+    re-checks the funds under it); the hold raises ``InsufficientFunds`` if the
+    available balance (as read) does not cover ``amount``.
     """
     payment_id = payment_id or uuid.uuid4()
     hold = batch.place_hold(

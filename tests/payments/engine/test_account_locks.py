@@ -1,18 +1,22 @@
-"""The executor locks its accounts last (DESIGN §4.1, ``payments.engine.executor`` 6).
+"""Accounts are locked last: by the executor (DESIGN §4.1, ``payments.engine.executor``
+6) and by a schedule request (``payments.services.payments.payment_schedule``).
 
 A batch reads its accounts, does everything else, and only then locks the
-accounts it changes, for the postings, the balance UPDATE and COMMIT. These
-tests pin what that buys and what it must not cost: a schedule request on the
-batch's source account does not wait for the batch, money others moved on
-those accounts meanwhile is kept, and an account frozen meanwhile is never
-paid into — the batch runs again with the accounts locked first and the
-payment fails as it would have.
+accounts it changes, for the postings, the balance UPDATE and COMMIT; a
+schedule request reads its source, writes hold, payment and event, and only
+then locks the source for the hold's UPDATE. These tests pin what that buys
+and what it must not cost: a schedule request on the batch's source account
+does not wait for the batch, money others moved on those accounts meanwhile is
+kept, and an account frozen (or funds held) meanwhile is never relied on —
+the work runs again with the account locked first and gets the answer it
+would have got.
 """
 
 import threading
 
 import pytest
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 from prometheus_client import REGISTRY
 
 from ledger import services as ledger
@@ -21,9 +25,10 @@ from ledger.reconciliation import reconcile
 from ledger.services import LedgerBatch
 from payments.clock import db_now
 from payments.engine import executor
-from payments.models import Payment
+from payments.models import Payment, PaymentEvent
 from tests.concurrency import run_in_threads
 from tests.factories import AccountFactory, UserFactory
+from tests.payments.conftest import Client
 from tests.payments.helpers import bulk_schedule, claim_batch
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -149,3 +154,67 @@ def test_an_account_frozen_meanwhile_fails_its_payments_as_if_locked_first(monke
     )
     assert Account.objects.get(pk=bystander_target).balance == 10
     assert reconcile().ok
+
+
+# --- a schedule request ---------------------------------------------------------------
+
+
+def test_a_schedule_locks_its_source_after_writing_hold_payment_and_event():
+    client = Client("carol", balance=1_000)
+    with CaptureQueriesContext(connection) as queries:
+        response = client.schedule(amount=100)
+    assert response.status_code == 201, response.json()
+    sent = [q["sql"] for q in queries.captured_queries]
+    lock = next(i for i, sql in enumerate(sent) if "FOR NO KEY UPDATE" in sql)
+    assert '"ledger_account"' in sent[lock]
+    written = [sql.split('"')[1] for sql in sent[:lock] if sql.startswith("INSERT")]
+    assert written == ["ledger_hold", "payments_payment", "payments_paymentevent"]
+    after = [" ".join(sql.split()[:2]) for sql in sent[lock + 1 :]]
+    assert after == ['UPDATE "ledger_account"', "COMMIT"]
+    account = Account.objects.get(pk=client.account.pk)
+    assert (account.balance, account.held) == (1_000, 100)
+
+
+def test_funds_held_meanwhile_refuse_the_schedule_as_a_locked_read_would(monkeypatch):
+    """Read with 1,000 available; before the source is locked another payment holds
+    950 of it: the request runs again locking first and is refused (insufficient
+    funds) with nothing of its own written — no payment, no hold, no event."""
+    client = Client("carol", balance=1_000)
+    other = []
+    before_the_account_locks(
+        monkeypatch,
+        lambda: other.append(ledger.hold_place(account_id=client.account.pk, amount=950)),
+    )
+    stale = stale_count()
+    response = client.schedule(amount=100)
+    assert response.status_code == 422, response.json()
+    assert response.json()["error"]["code"] == "insufficient_funds"
+    assert stale_count() == stale  # the executor's counter only
+    assert not Payment.objects.exists() and not PaymentEvent.objects.exists()
+    assert list(Hold.objects.values_list("pk", flat=True)) == [other[0].pk]
+    account = Account.objects.get(pk=client.account.pk)
+    assert (account.balance, account.held) == (1_000, 950)
+    assert reconcile().ok
+
+
+def test_funds_held_meanwhile_that_leave_enough_do_not_refuse(monkeypatch):
+    client = Client("carol", balance=1_000)
+    before_the_account_locks(
+        monkeypatch, lambda: ledger.hold_place(account_id=client.account.pk, amount=900)
+    )
+    response = client.schedule(amount=100)
+    assert response.status_code == 201, response.json()
+    account = Account.objects.get(pk=client.account.pk)
+    assert (account.balance, account.held) == (1_000, 1_000)
+
+
+def test_a_source_frozen_meanwhile_refuses_the_schedule(monkeypatch):
+    client = Client("carol", balance=1_000)
+    before_the_account_locks(
+        monkeypatch,
+        lambda: ledger.account_set_status(account_id=client.account.pk, status="frozen"),
+    )
+    response = client.schedule(amount=100)
+    assert response.status_code == 422, response.json()
+    assert response.json()["error"]["code"] == "account_not_active"
+    assert not Payment.objects.exists() and not Hold.objects.exists()
