@@ -3,7 +3,7 @@
 import threading
 from collections.abc import Callable
 
-from django.db import connection
+from django.db import connection, transaction
 
 
 def run_in_threads(target: Callable[[int], None], count: int, timeout: float = 240) -> list:
@@ -27,3 +27,17 @@ def run_in_threads(target: Callable[[int], None], count: int, timeout: float = 2
         thread.join(timeout)
         assert not thread.is_alive(), "thread did not finish"
     return errors
+
+
+def commit_elsewhere(work: Callable[[], None], lock_timeout: str = "3s") -> None:
+    """Run ``work()`` in a connection and transaction of its own and commit it,
+    while the caller's transaction stays open; it may wait on a lock for
+    ``lock_timeout`` at most (PostgreSQL), else the calling test fails."""
+
+    def run(_):
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute(f"SET LOCAL lock_timeout = '{lock_timeout}'")
+            work()
+
+    assert run_in_threads(run, 1) == []

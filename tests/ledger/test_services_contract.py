@@ -32,7 +32,7 @@ from ledger.exceptions import (
 from ledger.models import Account, Hold, HoldStatus, JournalEntry, Posting
 from ledger.reconciliation import reconcile
 from ledger.services import LedgerBatch, Leg
-from tests.concurrency import run_in_threads
+from tests.concurrency import commit_elsewhere, run_in_threads
 from tests.factories import AccountFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
@@ -822,19 +822,6 @@ def test_other_integrity_errors_are_not_reported_as_duplicates():
 # --- lock_accounts_last: accounts read first, locked in flush_balances ----------------
 
 
-def elsewhere(work):
-    """Run ``work()`` in another connection and commit it, while this test's
-    transaction stays open; fails the test if it had to wait on a lock (3 s)."""
-
-    def run(_):
-        with transaction.atomic():
-            with connection.cursor() as cursor:
-                cursor.execute("SET LOCAL lock_timeout = '3s'")
-            work()
-
-    assert run_in_threads(run, 1) == []
-
-
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_lock_accounts_last_carries_the_batch_onto_what_others_committed_meanwhile():
@@ -856,7 +843,7 @@ def test_lock_accounts_last_carries_the_batch_onto_what_others_committed_meanwhi
             ledger.hold_place(account_id=a.pk, amount=20)
             ledger.transfer_post(from_account_id=c.pk, to_account_id=b.pk, amount=7)
 
-        elsewhere(meanwhile)
+        commit_elsewhere(meanwhile)
         batch.flush_balances()
         assert share("ledger_account", a.pk) == "LockNotAvailable"
         assert share("ledger_account", b.pk) == "LockNotAvailable"
@@ -884,7 +871,7 @@ def test_lock_accounts_last_refuses_an_account_whose_status_changed(status):
         batch = LedgerBatch(account_ids=[a.pk, b.pk], lock_accounts_last=True)
         batch.transfer(from_account_id=a.pk, to_account_id=b.pk, amount=10)
         batch.flush()
-        elsewhere(lambda: ledger.account_set_status(account_id=b.pk, status=status))
+        commit_elsewhere(lambda: ledger.account_set_status(account_id=b.pk, status=status))
         batch.flush_balances()
     assert Posting.objects.count() == postings
     assert (fresh(a).balance, fresh(b).balance, fresh(b).status) == (100, 0, status)
@@ -900,7 +887,7 @@ def test_lock_accounts_last_refuses_funds_that_went_meanwhile():
         batch = LedgerBatch(account_ids=[a.pk, b.pk], lock_accounts_last=True)
         batch.transfer(from_account_id=a.pk, to_account_id=b.pk, amount=50)
         batch.flush()
-        elsewhere(lambda: ledger.hold_place(account_id=a.pk, amount=80))
+        commit_elsewhere(lambda: ledger.hold_place(account_id=a.pk, amount=80))
         batch.flush_balances()
     assert (fresh(a).balance, fresh(a).held, fresh(b).balance) == (100, 80, 0)
 
@@ -917,7 +904,7 @@ def test_lock_accounts_last_keeps_funds_the_batch_does_not_lower():
         batch = LedgerBatch(account_ids=[a.pk, b.pk], hold_ids=[hold.pk], lock_accounts_last=True)
         batch.transfer(from_account_id=a.pk, to_account_id=b.pk, amount=30, hold_id=hold.pk)
         batch.flush()
-        elsewhere(lambda: ledger.hold_place(account_id=a.pk, amount=70))
+        commit_elsewhere(lambda: ledger.hold_place(account_id=a.pk, amount=70))
         batch.flush_balances()
     assert (fresh(a).balance, fresh(a).held, fresh(b).balance) == (70, 70, 30)
     assert reconcile().ok

@@ -26,7 +26,7 @@ from ledger.services import LedgerBatch
 from payments.clock import db_now
 from payments.engine import executor
 from payments.models import Payment, PaymentEvent
-from tests.concurrency import run_in_threads
+from tests.concurrency import commit_elsewhere
 from tests.factories import AccountFactory, UserFactory
 from tests.payments.conftest import Client
 from tests.payments.helpers import bulk_schedule, claim_batch
@@ -46,19 +46,6 @@ def due_chunk(source, target, count, amount=10):
     return [(pid, fences[pid]) for pid in ids]
 
 
-def elsewhere(work):
-    """``work()`` in its own connection and transaction, committed; it may wait on
-    a lock for 3 s at most (else the test fails with LockNotAvailable)."""
-
-    def run(_):
-        with transaction.atomic():
-            with connection.cursor() as cursor:
-                cursor.execute("SET LOCAL lock_timeout = '3s'")
-            work()
-
-    assert run_in_threads(run, 1) == []
-
-
 def before_the_account_locks(monkeypatch, work):
     """Run ``work()`` once, in another connection, when the executor's first batch
     has written everything but postings and balances (accounts not locked yet)."""
@@ -68,7 +55,7 @@ def before_the_account_locks(monkeypatch, work):
     def flush_balances(self):
         if not done.is_set():
             done.set()
-            elsewhere(work)
+            commit_elsewhere(work)
         return real(self)
 
     monkeypatch.setattr(LedgerBatch, "flush_balances", flush_balances)
