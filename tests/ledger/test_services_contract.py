@@ -910,6 +910,35 @@ def test_lock_accounts_last_keeps_funds_the_batch_does_not_lower():
     assert reconcile().ok
 
 
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_lock_accounts_last_may_use_the_last_unit_left():
+    """A hold placed meanwhile leaves exactly what the batch pays out: available
+    ends at 0, which is allowed — no ``StaleAccounts``."""
+    a, b = AccountFactory(funded=100), AccountFactory()
+    with transaction.atomic():
+        batch = LedgerBatch(account_ids=[a.pk, b.pk], lock_accounts_last=True)
+        batch.transfer(from_account_id=a.pk, to_account_id=b.pk, amount=50)
+        batch.flush()
+        commit_elsewhere(lambda: ledger.hold_place(account_id=a.pk, amount=50))
+        batch.flush_balances()
+    assert (fresh(a).balance, fresh(a).held, fresh(a).available) == (50, 50, 0)
+
+
+def test_flush_balances_does_nothing_without_lock_accounts_last(django_assert_num_queries):
+    """Even called before flush: a batch that locked its accounts up front writes
+    its balances in flush and nowhere else."""
+    a, b = AccountFactory(funded=100), AccountFactory()
+    with transaction.atomic():
+        batch = LedgerBatch(account_ids=[a.pk, b.pk])
+        batch.transfer(from_account_id=a.pk, to_account_id=b.pk, amount=10)
+        with django_assert_num_queries(0):
+            batch.flush_balances()
+        assert (fresh(a).balance, fresh(b).balance) == (100, 0)
+        batch.flush()
+    assert (fresh(a).balance, fresh(b).balance) == (90, 10)
+
+
 def test_flush_balances_without_lock_accounts_last_writes_nothing_more(django_assert_num_queries):
     """The default batch locked its accounts up front and wrote everything in flush."""
     a, b = AccountFactory(funded=100), AccountFactory()
