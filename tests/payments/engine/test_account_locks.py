@@ -110,12 +110,25 @@ def test_money_moved_meanwhile_on_both_accounts_is_kept(monkeypatch):
     assert reconcile().ok
 
 
+def account_statements(queries):
+    """What each statement on ledger_account was: a read, a LOCK or an UPDATE."""
+    kinds = []
+    for sql in (q["sql"] for q in queries.captured_queries):
+        if sql.startswith('SELECT "ledger_account"'):
+            kinds.append("LOCK" if "FOR NO KEY UPDATE" in sql else "SELECT")
+        elif sql.startswith('UPDATE "ledger_account"'):
+            kinds.append("UPDATE")
+    return kinds
+
+
 @pytest.mark.parametrize("frozen", ["source", "target"])
-def test_an_account_frozen_meanwhile_fails_its_payments_as_if_locked_first(monkeypatch, frozen):
+def test_an_account_frozen_meanwhile_fails_its_payments_as_if_locked_first(
+    monkeypatch, caplog, frozen
+):
     """Frozen after the batch read it, before it locked it: the first run is
-    rolled back (``StaleAccounts``, counted), the second locks first and finds the
-    account frozen — the payment FAILED, its hold released, no entry; payments
-    between other accounts in the same chunk still complete."""
+    rolled back (``StaleAccounts``, counted and logged), the second locks first
+    and finds the account frozen — the payment FAILED, its hold released, no
+    entry; payments between other accounts in the same chunk still complete."""
     source, target = AccountFactory(funded=1_000).pk, AccountFactory().pk
     bystander_source, bystander_target = AccountFactory(funded=1_000).pk, AccountFactory().pk
     items = due_chunk(source, target, 2) + due_chunk(bystander_source, bystander_target, 1)
@@ -124,8 +137,18 @@ def test_an_account_frozen_meanwhile_fails_its_payments_as_if_locked_first(monke
     before_the_account_locks(
         monkeypatch, lambda: ledger.account_set_status(account_id=victim, status="frozen")
     )
-    result = executor.execute_chunk(items)
+    with (
+        caplog.at_level("INFO", logger="payments.engine.executor"),
+        CaptureQueriesContext(connection) as queries,
+    ):
+        result = executor.execute_chunk(items)
     assert stale_count() == stale + 1
+    assert [r.getMessage() for r in caplog.records if "again" in r.getMessage()] == [
+        "batch read a changed account; running it again locked first: "
+        f"Account {victim} changed status while the batch ran."
+    ]
+    # read, then lock last (stale); the run again: lock first, then the UPDATE
+    assert account_statements(queries) == ["SELECT", "LOCK", "LOCK", "UPDATE"]
     assert sorted(result.failed) == sorted(pid for pid, _ in items[:2])
     assert result.failure_codes == ["account_not_active", "account_not_active"]
     assert result.completed == [items[2][0]]
@@ -141,6 +164,38 @@ def test_an_account_frozen_meanwhile_fails_its_payments_as_if_locked_first(monke
     )
     assert Account.objects.get(pk=bystander_target).balance == 10
     assert reconcile().ok
+
+
+def test_a_failing_payment_does_not_lock_its_accounts_early():
+    """A payment the batch fails (destination frozen) releases its hold within the
+    batch: the accounts are still read once and locked once, last."""
+    source, target = AccountFactory(funded=1_000).pk, AccountFactory().pk
+    items = due_chunk(source, target, 2)
+    ledger.account_set_status(account_id=target, status="frozen")
+    with CaptureQueriesContext(connection) as queries:
+        result = executor.execute_chunk(items)
+    assert result.failure_codes == ["account_not_active", "account_not_active"]
+    assert account_statements(queries) == ["SELECT", "LOCK", "UPDATE"]
+    assert Account.objects.get(pk=source).held == 0
+    assert reconcile().ok
+
+
+def test_the_run_again_still_collapses_its_partitions(monkeypatch):
+    """The second run is the same batch: the chunk's partitions' other due QUEUED
+    payments are still taken in."""
+    source, target = AccountFactory(funded=1_000).pk, AccountFactory().pk
+    items = due_chunk(source, target, 3)
+    partition = Payment.objects.get(pk=items[0][0]).partition
+    witness = AccountFactory().pk
+    before_the_account_locks(
+        monkeypatch, lambda: ledger.account_set_status(account_id=witness, status="frozen")
+    )
+    # a change the batch relies on: the witness is a destination of the collapsed ones
+    Payment.objects.filter(pk__in=[pid for pid, _ in items[1:]]).update(to_account_id=witness)
+    result = executor.execute_chunk(items[:1], partitions=[partition])
+    assert sorted(result.collapsed) == sorted(pid for pid, _ in items[1:])
+    assert result.completed == [items[0][0]]
+    assert result.failure_codes == ["account_not_active", "account_not_active"]
 
 
 # --- a schedule request ---------------------------------------------------------------
