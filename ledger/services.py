@@ -34,8 +34,9 @@ are one-operation batches, each in its own transaction.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
@@ -70,6 +71,24 @@ from .models import (
 def read_accounts(account_ids: Iterable[int]) -> dict[int, Account]:
     """The given accounts by id, read without locks (``lock_accounts_last``)."""
     return {a.pk: a for a in Account.objects.filter(pk__in=set(account_ids))}
+
+
+T = TypeVar("T")
+
+
+def locking_accounts_last(
+    work: Callable[[bool], T], *, on_stale: Callable[[StaleAccounts], None] | None = None
+) -> T:
+    """``work(True)``: a unit of work whose batch locks its accounts last; if it
+    raises ``StaleAccounts`` (``work`` owns its transaction, rolled back by then),
+    ``on_stale`` is told and ``work(False)`` runs it again locking them first —
+    the answer a locked read gives. ``work``'s argument is ``lock_accounts_last``."""
+    try:
+        return work(True)
+    except StaleAccounts as exc:
+        if on_stale is not None:
+            on_stale(exc)
+        return work(False)
 
 
 def lock_accounts(account_ids: Iterable[int]) -> dict[int, Account]:

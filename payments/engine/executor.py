@@ -56,7 +56,7 @@ from django.db import transaction
 from ledger.db import bulk_insert_rows, bulk_update_rows
 from ledger.exceptions import DuplicateReference, LedgerError, StaleAccounts
 from ledger.models import JournalEntry
-from ledger.services import LedgerBatch
+from ledger.services import LedgerBatch, locking_accounts_last
 
 from .. import locks, metrics, transitions
 from ..clock import db_now
@@ -97,12 +97,15 @@ def execute_chunk(
     own payments run.
     """
     worker = worker or worker_name()
-    try:
-        return _execute(items, partitions, worker, lock_accounts_last=True)
-    except StaleAccounts as exc:
-        logger.info("batch read a changed account; running it again locked first: %s", exc)
-        metrics.stale_account_reads.inc()
-        return _execute(items, partitions, worker, lock_accounts_last=False)
+    return locking_accounts_last(
+        lambda last: _execute(items, partitions, worker, lock_accounts_last=last),
+        on_stale=_ran_stale,
+    )
+
+
+def _ran_stale(exc: StaleAccounts) -> None:
+    logger.info("batch read a changed account; running it again locked first: %s", exc)
+    metrics.stale_account_reads.inc()
 
 
 def _execute(items, partitions, worker, *, lock_accounts_last: bool) -> ChunkResult:

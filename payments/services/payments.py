@@ -19,8 +19,7 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
-from ledger.exceptions import StaleAccounts
-from ledger.services import LedgerBatch
+from ledger.services import LedgerBatch, locking_accounts_last
 
 from .. import locks, metrics, transitions
 from ..clock import db_now, iso_timestamp
@@ -74,66 +73,46 @@ def payment_schedule(
     funds raise ``InsufficientFunds`` at once.
     """
     check_distinct(from_account_id, to_account_id)
-    fields = {
-        "client": client,
-        "from_account_id": from_account_id,
-        "to_account_id": to_account_id,
-        "amount": amount,
-        "delay_seconds": delay_seconds,
-        "scheduled_time": scheduled_time,
-        "description": description,
-        "metadata": metadata,
-    }
-    try:
-        return _schedule(**fields, lock_accounts_last=True)
-    except StaleAccounts:
-        # The source changed between the read and the lock (funds held by a
-        # payment scheduled meanwhile, frozen…): again, locking it first, so
-        # the answer is the one a locked read gives (InsufficientFunds…).
-        return _schedule(**fields, lock_accounts_last=False)
 
+    def attempt(lock_accounts_last: bool) -> Payment:
+        with transaction.atomic():
+            now = db_now()
+            due_at = resolve_due_at(
+                now=now, delay_seconds=delay_seconds, scheduled_time=scheduled_time
+            )
+            # Only the source is locked: payments into a popular account must not
+            # queue behind each other at scheduling time. And it is locked last,
+            # for the hold's UPDATE and COMMIT only (``lock_accounts_last``): a
+            # request does not hold it while the rest of it runs, so requests on
+            # one account and the executor's batches wait for each other briefly.
+            batch = LedgerBatch(
+                account_ids=[from_account_id], lock_accounts_last=lock_accounts_last
+            )
+            source = _owned_source(batch, from_account_id, client)
+            payable_destination(client=client, account_id=to_account_id)
+            check_amount(amount, source)
+            payment = transitions.schedule(
+                batch,
+                from_account_id=from_account_id,
+                to_account_id=to_account_id,
+                amount=amount,
+                description=description,
+                metadata=metadata,
+                due_at=due_at,
+                now=now,
+                actor=Actor.CLIENT,
+                actor_user=client,
+                event_data={"amount": amount},
+            )
+            batch.flush_balances()  # the source's lock: funds and status checked again under it
+            transaction.on_commit(metrics.scheduled.inc)
+            transaction.on_commit(lambda: _log(payment, "scheduled"))
+        return payment
 
-def _schedule(
-    *,
-    client,
-    from_account_id,
-    to_account_id,
-    amount,
-    delay_seconds,
-    scheduled_time,
-    description,
-    metadata,
-    lock_accounts_last,
-) -> Payment:
-    with transaction.atomic():
-        now = db_now()
-        due_at = resolve_due_at(now=now, delay_seconds=delay_seconds, scheduled_time=scheduled_time)
-        # Only the source is locked: payments into a popular account must not
-        # queue behind each other at scheduling time. And it is locked last,
-        # for the hold's UPDATE and COMMIT only (``lock_accounts_last``): a
-        # request does not hold it while the rest of it runs, so requests on
-        # one account and the executor's batches wait for each other briefly.
-        batch = LedgerBatch(account_ids=[from_account_id], lock_accounts_last=lock_accounts_last)
-        source = _owned_source(batch, from_account_id, client)
-        payable_destination(client=client, account_id=to_account_id)
-        check_amount(amount, source)
-        payment = transitions.schedule(
-            batch,
-            from_account_id=from_account_id,
-            to_account_id=to_account_id,
-            amount=amount,
-            description=description,
-            metadata=metadata,
-            due_at=due_at,
-            now=now,
-            actor=Actor.CLIENT,
-            actor_user=client,
-            event_data={"amount": amount},
-        )
-        batch.flush_balances()  # the source's lock: funds and status checked again under it
-        transaction.on_commit(metrics.scheduled.inc)
-        transaction.on_commit(lambda: _log(payment, "scheduled"))
-    return payment
+    # The source is read, then locked last; if it changed in between (funds held
+    # by a payment scheduled meanwhile, frozen…), the request runs again locking
+    # it first, so the answer is the one a locked read gives (InsufficientFunds…).
+    return locking_accounts_last(attempt)
 
 
 def payment_cancel(

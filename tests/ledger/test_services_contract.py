@@ -859,6 +859,24 @@ def test_lock_accounts_last_carries_the_batch_onto_what_others_committed_meanwhi
     assert reconcile().ok
 
 
+def transfer_with_commit_between(a, b, amount, meanwhile, hold=None):
+    """One ``lock_accounts_last`` transfer a → b in its own transaction, with
+    ``meanwhile()`` committed by another between the batch's read and its
+    ``flush_balances`` (an exception from it rolls the transaction back)."""
+    with transaction.atomic():
+        batch = LedgerBatch(
+            account_ids=[a.pk, b.pk],
+            hold_ids=[hold.pk] if hold else [],
+            lock_accounts_last=True,
+        )
+        batch.transfer(
+            from_account_id=a.pk, to_account_id=b.pk, amount=amount, hold_id=hold and hold.pk
+        )
+        batch.flush()
+        commit_elsewhere(meanwhile)
+        batch.flush_balances()
+
+
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("status", ["frozen", "closed"])
@@ -867,12 +885,10 @@ def test_lock_accounts_last_refuses_an_account_whose_status_changed(status):
     ``StaleAccounts``, and flush_balances writes nothing."""
     a, b = AccountFactory(funded=100), AccountFactory()
     postings = Posting.objects.count()
-    with pytest.raises(StaleAccounts, match="status"), transaction.atomic():
-        batch = LedgerBatch(account_ids=[a.pk, b.pk], lock_accounts_last=True)
-        batch.transfer(from_account_id=a.pk, to_account_id=b.pk, amount=10)
-        batch.flush()
-        commit_elsewhere(lambda: ledger.account_set_status(account_id=b.pk, status=status))
-        batch.flush_balances()
+    with pytest.raises(StaleAccounts, match="status"):
+        transfer_with_commit_between(
+            a, b, 10, lambda: ledger.account_set_status(account_id=b.pk, status=status)
+        )
     assert Posting.objects.count() == postings
     assert (fresh(a).balance, fresh(b).balance, fresh(b).status) == (100, 0, status)
 
@@ -883,12 +899,10 @@ def test_lock_accounts_last_refuses_funds_that_went_meanwhile():
     """A debit checked against 100 available, when a hold placed meanwhile left 20:
     ``StaleAccounts`` (not the CHECK constraint's IntegrityError at the UPDATE)."""
     a, b = AccountFactory(funded=100), AccountFactory()
-    with pytest.raises(StaleAccounts, match="funds"), transaction.atomic():
-        batch = LedgerBatch(account_ids=[a.pk, b.pk], lock_accounts_last=True)
-        batch.transfer(from_account_id=a.pk, to_account_id=b.pk, amount=50)
-        batch.flush()
-        commit_elsewhere(lambda: ledger.hold_place(account_id=a.pk, amount=80))
-        batch.flush_balances()
+    with pytest.raises(StaleAccounts, match="funds"):
+        transfer_with_commit_between(
+            a, b, 50, lambda: ledger.hold_place(account_id=a.pk, amount=80)
+        )
     assert (fresh(a).balance, fresh(a).held, fresh(b).balance) == (100, 80, 0)
 
 
@@ -900,12 +914,9 @@ def test_lock_accounts_last_keeps_funds_the_batch_does_not_lower():
     to refuse (nor is an overdraft-allowed account's negative balance)."""
     a, b = AccountFactory(funded=100), AccountFactory()
     hold = ledger.hold_place(account_id=a.pk, amount=30)
-    with transaction.atomic():
-        batch = LedgerBatch(account_ids=[a.pk, b.pk], hold_ids=[hold.pk], lock_accounts_last=True)
-        batch.transfer(from_account_id=a.pk, to_account_id=b.pk, amount=30, hold_id=hold.pk)
-        batch.flush()
-        commit_elsewhere(lambda: ledger.hold_place(account_id=a.pk, amount=70))
-        batch.flush_balances()
+    transfer_with_commit_between(
+        a, b, 30, lambda: ledger.hold_place(account_id=a.pk, amount=70), hold=hold
+    )
     assert (fresh(a).balance, fresh(a).held, fresh(b).balance) == (70, 70, 30)
     assert reconcile().ok
 
@@ -916,12 +927,7 @@ def test_lock_accounts_last_may_use_the_last_unit_left():
     """A hold placed meanwhile leaves exactly what the batch pays out: available
     ends at 0, which is allowed — no ``StaleAccounts``."""
     a, b = AccountFactory(funded=100), AccountFactory()
-    with transaction.atomic():
-        batch = LedgerBatch(account_ids=[a.pk, b.pk], lock_accounts_last=True)
-        batch.transfer(from_account_id=a.pk, to_account_id=b.pk, amount=50)
-        batch.flush()
-        commit_elsewhere(lambda: ledger.hold_place(account_id=a.pk, amount=50))
-        batch.flush_balances()
+    transfer_with_commit_between(a, b, 50, lambda: ledger.hold_place(account_id=a.pk, amount=50))
     assert (fresh(a).balance, fresh(a).held, fresh(a).available) == (50, 50, 0)
 
 
