@@ -203,6 +203,17 @@ def suite_markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _host_busy(cpu: dict) -> str:
+    """The host's CPU over the window: busy share of every core, and what the
+    API's gunicorn and the load client (which share the cores) took of it."""
+    if cpu.get("host_busy_fraction") is None:
+        return "–"
+    return (
+        f"{cpu['host_busy_fraction'] * 100:.0f} % ({fmt(cpu['web_cpu_seconds'])}, "
+        f"{fmt(cpu['load_client_cpu_seconds'])})"
+    )
+
+
 def _sweep_bound(step: dict) -> str:
     sweeps = step.get("sweep_interval")
     if not sweeps:
@@ -240,12 +251,13 @@ def capacity_markdown(cap: dict) -> list[str]:
         "",
         "| due rate (/s) | payments | lateness p50 / p95 / p99 (s) | SLO | schedule p95 (ms) "
         "| status p95 (ms) | worker ms/payment | PostgreSQL ms/payment | executed (API's) "
-        "| open at window end / at timeout | sweep interval p99 |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| open at window end / at timeout | sweep interval p99 "
+        "| host CPU busy (web, load client, s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for step in cap["ours"]:
         if step.get("skipped"):
-            lines.append(f"| {fmt(step['rate_per_second'])} | skipped |" + " |" * 9)
+            lines.append(f"| {fmt(step['rate_per_second'])} | skipped |" + " |" * 10)
             continue
         lat, cpu = step["lateness_seconds"], step["cpu"]
         lines.append(
@@ -256,7 +268,7 @@ def capacity_markdown(cap: dict) -> list[str]:
             f"| {fmt(cpu['worker_ms_per_payment'])} | {fmt(cpu['postgres_ms_per_payment'])} "
             f"| {step['executed']:,} ({step['executed_api']:,}) "
             f"| {step['open_at_window_end']:,} / {step['still_open_at_timeout']:,} "
-            f"| {_sweep_bound(step)} |"
+            f"| {_sweep_bound(step)} | {_host_busy(cpu)} |"
         )
     lines += [
         "",

@@ -27,7 +27,10 @@ executed in it, the API's included — the API's tail after the window runs at
 a falling rate, so it is left out (the JSON keeps the whole step's numbers as
 ``cpu_whole_step``); PostgreSQL is every server process on the host, so it
 also carries the API's queries),
-executed and open counts, and the sweep interval p99: the upper bound of the
+executed and open counts, the host's CPU over the window (busy share of every
+core, and the seconds gunicorn and this process's load client took of it: they
+share the 2 cores with the service, so near 100 % the host is the limit), and
+the sweep interval p99: the upper bound of the
 bucket of the service's ``payments_sweep_interval_seconds`` histogram holding
 the 99th percentile of the step's observations ("≤ X s"), read from the
 multiprocess directory at T0 and at the step's end; null when the service
@@ -40,12 +43,15 @@ two failing steps the higher ones are skipped (ours and the peer's apart).
 from __future__ import annotations
 
 import contextlib
+import resource
 import shutil
 import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+
+import psutil
 
 from bench.harness.api_load import create_client, run_load, start_web
 from bench.harness.checks import exactly_once_check, wait_terminal
@@ -152,6 +158,7 @@ class Ours:
     base: tuple[str, int]
     worker_pid: int
     timers_pid: int
+    web_pid: int
     metrics_dir: str
     schedule_rate: float
     status_rate: float
@@ -166,26 +173,72 @@ class CpuUsed:
     worker: float
     postgres: float
     timers: float
+    web: float  # gunicorn, every worker
+    client: float  # this process: the API load's client threads (and the idle harness)
+    host_busy: float  # every process on the host, all cores (psutil: not idle, not iowait)
 
 
-def cpu_since(ctx: Ours, cpu0: tuple[float, dict, float], wall0: float) -> CpuUsed:
-    """What the payment worker, PostgreSQL and the timer worker used since ``cpu0``
-    (``(worker, postgres_cpu(), timers)`` read at ``wall0``)."""
+@dataclass(frozen=True)
+class CpuMark:
+    """Counters read at the start of a window (``cpu_mark``)."""
+
+    wall: float
+    worker: float
+    postgres: dict
+    timers: float
+    web: float
+    client: float
+    host_busy: float
+
+
+def host_busy_seconds() -> float:
+    times = psutil.cpu_times()
+    return sum(times) - times.idle - getattr(times, "iowait", 0.0)
+
+
+def client_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)  # every thread of this process
+    return usage.ru_utime + usage.ru_stime
+
+
+def cpu_mark(ctx: Ours) -> CpuMark:
+    return CpuMark(
+        wall=time.monotonic(),
+        worker=tree_cpu_seconds(ctx.worker_pid),
+        postgres=postgres_cpu(),
+        timers=tree_cpu_seconds(ctx.timers_pid),
+        web=tree_cpu_seconds(ctx.web_pid),
+        client=client_cpu_seconds(),
+        host_busy=host_busy_seconds(),
+    )
+
+
+def cpu_since(ctx: Ours, mark: CpuMark) -> CpuUsed:
+    """What the service's processes, the load client and the host used since ``mark``."""
     return CpuUsed(
-        wall=time.monotonic() - wall0,
-        worker=tree_cpu_seconds(ctx.worker_pid) - cpu0[0],
-        postgres=postgres_cpu_since(cpu0[1]),
-        timers=tree_cpu_seconds(ctx.timers_pid) - cpu0[2],
+        wall=time.monotonic() - mark.wall,
+        worker=tree_cpu_seconds(ctx.worker_pid) - mark.worker,
+        postgres=postgres_cpu_since(mark.postgres),
+        timers=tree_cpu_seconds(ctx.timers_pid) - mark.timers,
+        web=tree_cpu_seconds(ctx.web_pid) - mark.web,
+        client=client_cpu_seconds() - mark.client,
+        host_busy=host_busy_seconds() - mark.host_busy,
     )
 
 
 def cpu_report(used: CpuUsed, executed: int) -> dict:
+    cores = psutil.cpu_count() or 1
     return {
         "wall_seconds": round(used.wall, 1),
         "executed": executed,
         "worker_cpu_seconds": round(used.worker, 1),
         "timers_cpu_seconds": round(used.timers, 1),
         "postgres_cpu_seconds": round(used.postgres, 1),
+        "web_cpu_seconds": round(used.web, 1),
+        "load_client_cpu_seconds": round(used.client, 1),
+        "host_busy_cpu_seconds": round(used.host_busy, 1),
+        # of every core over the window: near 1.0 the host, not the service, is the limit
+        "host_busy_fraction": round(used.host_busy / (used.wall * cores), 3) if used.wall else None,
         "worker_ms_per_payment": per_payment_ms(used.worker, executed),
         "postgres_ms_per_payment": per_payment_ms(used.postgres, executed),
     }
@@ -229,22 +282,21 @@ def our_step(ctx: Ours, index: int, rate: float) -> dict:
     if with_api:
         loader.start()
     sleep_until(t0_mono)
-    cpu0 = (tree_cpu_seconds(ctx.worker_pid), postgres_cpu(), tree_cpu_seconds(ctx.timers_pid))
+    cpu0 = cpu_mark(ctx)
     sweeps0 = multiprocess_histogram(ctx.metrics_dir, SWEEP_INTERVAL_METRIC)
     runs0 = multiprocess_histogram(ctx.metrics_dir, SWEEP_DURATION_METRIC)
-    wall0 = time.monotonic()
     if with_api:
         loader.join()
     sleep_until(t0_mono + seconds)
     # CPU per payment over the window only: after it the API's payments (due up
     # to 30 s past it) trickle out at a falling rate, which is not this step's.
     window_end = db_now()
-    cpu_window = cpu_since(ctx, cpu0, wall0)
+    cpu_window = cpu_since(ctx, cpu0)
     mine = Payment.objects.filter(from_account__in=ctx.sources, due_at__gte=t0)
     open_at_window_end = mine.filter(status__in=OPEN_STATUSES).count()
     remaining = wait_terminal(ctx.timeout)
     end = db_now()
-    cpu_step = cpu_since(ctx, cpu0, wall0)
+    cpu_step = cpu_since(ctx, cpu0)
     sweeps1 = multiprocess_histogram(ctx.metrics_dir, SWEEP_INTERVAL_METRIC)
     runs1 = multiprocess_histogram(ctx.metrics_dir, SWEEP_DURATION_METRIC)
 
@@ -308,6 +360,7 @@ def run_ours(env: dict, steps: list[float], args, sources, targets) -> list[dict
         service_env = {**env, "PROMETHEUS_MULTIPROC_DIR": metrics_dir}
         with Service(service_env, "capacity") as service:
             base = start_web(service, port=WEB_PORT)
+            web_pid = service.procs["web"].pid
             worker = service.worker(args.concurrency)
             timers = service.timers()
             service.beat()
@@ -334,6 +387,7 @@ def run_ours(env: dict, steps: list[float], args, sources, targets) -> list[dict
                 base=base,
                 worker_pid=worker.pid,
                 timers_pid=timers.pid,
+                web_pid=web_pid,
                 metrics_dir=metrics_dir,
                 schedule_rate=args.api_schedule_rate,
                 status_rate=args.api_status_rate,

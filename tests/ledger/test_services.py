@@ -10,6 +10,7 @@ from ledger.exceptions import (
     InsufficientFunds,
     InvalidAmount,
     SameAccount,
+    StaleAccounts,
     SystemAccountProtected,
 )
 from ledger.models import Account, HoldStatus, JournalEntry, Posting
@@ -156,3 +157,47 @@ def test_system_accounts_status_cannot_be_changed(status):
     issuance.refresh_from_db()
     assert (issuance.status, issuance.version) == ("active", 0)
     ledger.deposit(account_id=AccountFactory().pk, amount=5)  # still works
+
+
+# --- locking_accounts_last: the run-again shared by executor and schedule ----
+
+
+class _Work:
+    """A unit of work that raises StaleAccounts on its first ``stale`` calls."""
+
+    def __init__(self, stale: int = 0):
+        self.calls: list[object] = []
+        self.stale = stale
+
+    def __call__(self, lock_accounts_last):
+        self.calls.append(lock_accounts_last)
+        if len(self.calls) <= self.stale:
+            raise StaleAccounts(f"call {len(self.calls)}")
+        return f"result of call {len(self.calls)}"
+
+
+def test_work_that_reads_nothing_changed_runs_once_locking_last():
+    work, told = _Work(), []
+    assert ledger.locking_accounts_last(work, on_stale=told.append) == "result of call 1"
+    assert work.calls == [True]
+    assert told == []
+
+
+def test_stale_work_is_reported_then_run_again_locking_first():
+    work, told = _Work(stale=1), []
+    assert ledger.locking_accounts_last(work, on_stale=told.append) == "result of call 2"
+    assert work.calls == [True, False]  # exactly the flag, not merely falsy
+    assert [str(exc) for exc in told] == ["call 1"]
+
+
+def test_without_a_listener_stale_work_still_runs_again():
+    work = _Work(stale=1)
+    assert ledger.locking_accounts_last(work) == "result of call 2"
+    assert work.calls == [True, False]
+
+
+def test_the_run_again_is_not_retried_a_second_time():
+    work = _Work(stale=2)
+    with pytest.raises(StaleAccounts, match="call 2"):
+        ledger.locking_accounts_last(work)
+    assert work.calls == [True, False]
