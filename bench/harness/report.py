@@ -207,7 +207,7 @@ def _host_busy(cpu: dict) -> str:
     """The host's CPU over the window: busy share of every core, and what the
     API's gunicorn and the load client (which share the cores) took of it."""
     if cpu.get("host_busy_fraction") is None:
-        return "–"
+        return "-"
     return (
         f"{cpu['host_busy_fraction'] * 100:.0f} % ({fmt(cpu['web_cpu_seconds'])}, "
         f"{fmt(cpu['load_client_cpu_seconds'])})"
