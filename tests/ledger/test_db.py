@@ -74,3 +74,34 @@ def test_a_json_none_is_stored_as_sql_null():
     )
     bulk_insert_rows([key], read_back=False)
     assert IdempotencyKey.objects.filter(response_body__isnull=True).count() == 1
+
+
+@pytest.mark.parametrize("read_back", [True, False])
+def test_ids_given_for_an_auto_id_are_kept(read_back):
+    """Only objects that lack an id get one from the sequence; given ones are
+    written as given (as Django's bulk_create does)."""
+    last = JournalEntry.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
+    given = [entry(f"given:{i}", pk=last + 1000 + i) for i in range(2)]
+    bulk_insert_rows(given, read_back=read_back)
+    stored = JournalEntry.objects.filter(reference__startswith="given:")
+    assert sorted(stored.values_list("pk", flat=True)) == [last + 1000, last + 1001]
+    assert [e.pk for e in given] == [last + 1000, last + 1001]
+
+
+def test_a_related_object_saved_after_assignment_is_written_and_set_by_its_id():
+    """``Posting(entry=e)`` built while ``e`` had no id yet (the executor builds
+    postings before their entries are inserted): the row gets the id, and so
+    does the object's ``entry_id``."""
+    entries = [entry(f"rel:{i}") for i in range(2)]
+    a, b = AccountFactory(), AccountFactory()
+    postings = [
+        Posting(entry=e, account=account, amount=amount, balance_after=0)
+        for e in entries
+        for account, amount in ((a, -1), (b, 1))
+    ]
+    assert {p.entry_id for p in postings} == {None}
+    bulk_insert_rows(entries)
+    bulk_insert_rows(postings, read_back=False)
+    assert [p.entry_id for p in postings] == [entries[0].pk] * 2 + [entries[1].pk] * 2
+    stored = Posting.objects.filter(entry__in=entries).values_list("entry_id", "amount")
+    assert sorted(stored) == sorted((p.entry_id, p.amount) for p in postings)
