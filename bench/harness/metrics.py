@@ -51,6 +51,22 @@ def tree_cpu_seconds(pid: int) -> float:
     return total
 
 
+def own_cpu_seconds() -> float:
+    """User + system CPU seconds of this process, every thread (a load client's)."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def host_busy_seconds() -> float:
+    """CPU seconds every core of the host has spent busy (not idle, not iowait)."""
+    import psutil
+
+    times = psutil.cpu_times()
+    return sum(times) - times.idle - getattr(times, "iowait", 0.0)
+
+
 def tree_rss_mb(pid: int) -> float:
     """Resident memory (MiB, one decimal) of ``pid`` and its live descendants."""
     total = 0

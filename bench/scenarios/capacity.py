@@ -43,15 +43,13 @@ two failing steps the higher ones are skipped (ours and the peer's apart).
 from __future__ import annotations
 
 import contextlib
-import resource
+import os
 import shutil
 import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-
-import psutil
 
 from bench.harness.api_load import create_client, run_load, start_web
 from bench.harness.checks import exactly_once_check, wait_terminal
@@ -60,7 +58,9 @@ from bench.harness.db import prepare
 from bench.harness.load import bulk_schedule, fund_accounts
 from bench.harness.metrics import (
     histogram_quantile_bound,
+    host_busy_seconds,
     multiprocess_histogram,
+    own_cpu_seconds,
     percentile,
     postgres_cpu,
     postgres_cpu_since,
@@ -175,7 +175,7 @@ class CpuUsed:
     timers: float
     web: float  # gunicorn, every worker
     client: float  # this process: the API load's client threads (and the idle harness)
-    host_busy: float  # every process on the host, all cores (psutil: not idle, not iowait)
+    host_busy: float  # every process on the host, all cores (not idle, not iowait)
 
 
 @dataclass(frozen=True)
@@ -191,16 +191,6 @@ class CpuMark:
     host_busy: float
 
 
-def host_busy_seconds() -> float:
-    times = psutil.cpu_times()
-    return sum(times) - times.idle - getattr(times, "iowait", 0.0)
-
-
-def client_cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)  # every thread of this process
-    return usage.ru_utime + usage.ru_stime
-
-
 def cpu_mark(ctx: Ours) -> CpuMark:
     return CpuMark(
         wall=time.monotonic(),
@@ -208,7 +198,7 @@ def cpu_mark(ctx: Ours) -> CpuMark:
         postgres=postgres_cpu(),
         timers=tree_cpu_seconds(ctx.timers_pid),
         web=tree_cpu_seconds(ctx.web_pid),
-        client=client_cpu_seconds(),
+        client=own_cpu_seconds(),
         host_busy=host_busy_seconds(),
     )
 
@@ -221,13 +211,13 @@ def cpu_since(ctx: Ours, mark: CpuMark) -> CpuUsed:
         postgres=postgres_cpu_since(mark.postgres),
         timers=tree_cpu_seconds(ctx.timers_pid) - mark.timers,
         web=tree_cpu_seconds(ctx.web_pid) - mark.web,
-        client=client_cpu_seconds() - mark.client,
+        client=own_cpu_seconds() - mark.client,
         host_busy=host_busy_seconds() - mark.host_busy,
     )
 
 
 def cpu_report(used: CpuUsed, executed: int) -> dict:
-    cores = psutil.cpu_count() or 1
+    cores = os.cpu_count() or 1
     return {
         "wall_seconds": round(used.wall, 1),
         "executed": executed,
