@@ -13,6 +13,23 @@ def funded_account(db):
     return AccountFactory(funded=10_000)
 
 
+@pytest.fixture
+def private_redis(tmp_path):
+    """A ``redis-server`` of the test's own (``tests.processes.PrivateRedis``), killed after."""
+    import shutil
+
+    from tests.processes import PrivateRedis
+
+    if not shutil.which("redis-server"):
+        pytest.skip("needs the redis-server binary")
+    server = PrivateRedis(tmp_path)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.kill()
+
+
 def pytest_collection_modifyitems(config, items):
     """``@pytest.mark.postgres`` tests (query plans, PostgreSQL triggers, processes
     on the suite's PostgreSQL database) are skipped on the SQLite run."""

@@ -149,6 +149,45 @@ class Processes:
         )
 
 
+class PrivateRedis:
+    """A ``redis-server`` of the test's own on a free port, to kill and restart at will.
+
+    No persistence, as the CI Redis: a restart empties it, as a crashed broker
+    without AOF would. Other tests' and developers' databases are never touched.
+    """
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.log_path = tmp_path / "redis-server.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        with open(self.log_path, "a") as log:  # the child keeps its own copy of the handle
+            self.proc = subprocess.Popen(
+                [
+                    *("redis-server", "--bind", "127.0.0.1", "--port", str(self.port)),
+                    *("--save", "", "--appendonly", "no"),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        wait_until(self.ping, 15, interval=0.05, message="redis-server to answer")
+
+    def ping(self) -> bool:
+        try:
+            return bool(redis.Redis.from_url(self.url, socket_timeout=1).ping())
+        except redis.RedisError:
+            return False
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, not a shutdown; clients see their sockets reset."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
 def wait_until(predicate, timeout: float, interval: float = 0.2, message: str = "condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -346,6 +346,13 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "polling_interval": 0.1,
     }
 else:
+    if CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+        # kombu's Redis transport with channels that survive the consumer's
+        # close after a broker restart (scheduler_project.redis_transport):
+        # the stock one killed busy workers when Redis restarted.
+        from scheduler_project.redis_transport import register as _register_redis_transport
+
+        _register_redis_transport()
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         # Redis re-delivers an unacked message only after the visibility
         # timeout. Our own lease reaper recovers lost work much sooner (see

@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from ledger.models import Account, JournalEntry
 from ledger.reconciliation import reconcile
+from ledger.services import lock_accounts
 from payments import routing, tasks
 from payments.clock import db_now
 from payments.engine import reaper
@@ -283,3 +284,68 @@ def test_worker_keeps_its_db_connection_and_replaces_a_killed_one(procs):
     assert "OperationalError" not in procs.logs()  # replaced before use, not after a failure
     assert _other_backends().isdisjoint(kept)
     assert_exactly_once([first, second])
+
+
+def _chunk_waits_for_an_account_lock() -> bool:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        # Called inside the test's open transaction, where pg_stat_activity is read
+        # once per transaction unless the snapshot is dropped.
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND wait_event_type = 'Lock' AND query ILIKE '%%ledger_account%%'"
+        )
+        return cursor.fetchone()[0] > 0
+
+
+def test_payment_worker_survives_a_redis_restart_with_a_chunk_in_flight(
+    procs, tmp_path, private_redis
+):
+    """Redis is killed while a worker executes a chunk (its message taken, not yet
+    acknowledged) and started again, empty. The worker must reconnect and go on:
+    stock kombu 5.7 made it exit (``AttributeError: 'NoneType' object has no
+    attribute 'hostname'`` restoring the unacked message over a detached
+    transport; scheduler_project.redis_transport). The chunk is held in flight
+    by the test's own lock on the destination account (the lock the executor
+    takes last), until the block ends."""
+    procs.env["CELERY_BROKER_URL"] = private_redis.url  # for every process started below
+    owner = UserFactory()
+    source, target = AccountFactory(owner=owner, funded=1_000).pk, AccountFactory().pk
+    first = bulk_schedule(sources=[source], targets=[target], count=1, amount=5, due_at=db_now())
+    with transaction.atomic():
+        lock_accounts([target])
+        worker = procs.worker(concurrency=2)  # one slot free: the consumer keeps polling
+        procs.worker(1, queues="timers", name="timers")
+        procs.beat()
+        wait_until(_chunk_waits_for_an_account_lock, 60, message="the chunk to be in flight")
+        worker_log = tmp_path / "worker-0.log"  # Processes: <name>-<index>.log
+        private_redis.kill()
+        wait_until(
+            lambda: "Connection to broker lost" in worker_log.read_text(),
+            30,
+            message="the worker to see the loss",
+        )
+        private_redis.start()
+        wait_until(
+            lambda: (
+                worker_log.read_text().count("Connected to redis") >= 2
+                or "Unrecoverable error" in worker_log.read_text()
+            ),
+            60,
+            message="the worker to reconnect (or give up)",
+        )
+        # A worker that gave up waits for its in-flight chunk before it exits.
+        assert "Unrecoverable error" not in worker_log.read_text()
+        # The path the fix is for ran: the detached channel restored the chunk's
+        # message (kombu logs it before restoring; Redis came back empty, so it
+        # is re-queued only if Redis still had it).
+        assert "Restoring 1 unacknowledged message(s)" in worker_log.read_text()
+    wait_until(lambda: all_completed(first), 60, message="the in-flight payment COMPLETED")
+    second = bulk_schedule(sources=[source], targets=[target], count=1, amount=7, due_at=db_now())
+    wait_until(lambda: all_completed(second), 60, message="a new payment COMPLETED")
+    assert worker.poll() is None
+    assert "Unrecoverable error" not in procs.logs()
+    assert_exactly_once(first + second)
+    assert Account.objects.get(pk=target).balance == 12

@@ -1,0 +1,64 @@
+"""kombu's Redis transport, made to survive a broker restart under a busy worker.
+
+Celery 5.7's consumer, on losing the broker (Redis restarted, network cut),
+first ``collect()``s the connection — which detaches the transport from its
+kombu ``Connection`` (``transport.client = None``) — and then ``close()``s it.
+Closing the consumer's channel drops its Redis connection pools and then
+restores the messages it had taken but not yet acknowledged (``acks_late``: a
+chunk being executed at that moment); restoring needs a new pool, the pool's
+parameters are read from ``transport.client``, and that is ``None``:
+
+    AttributeError: 'NoneType' object has no attribute 'hostname'
+
+It is not a connection error, so nothing on the way ignores it, and the whole
+worker exits (``Unrecoverable error``). A worker busy when Redis restarts —
+every payment worker under load — died that way in 21 of 24 broker losses of
+a 2-minute chaos run (``bench/chaos.py --faults redis_restart``); only a
+process supervisor brought it back, and payments waited for it. This is
+celery/kombu#582 come back through a new code path.
+
+``Channel`` here remembers the connection parameters it was created with, so
+a channel whose transport was detached still builds its pool from them:
+restoring then behaves as on any other connection loss — the unacknowledged
+messages go back on their queue if Redis answers, or the attempt fails with a
+``redis.ConnectionError`` that kombu and Celery ignore, and the consumer
+reconnects. Nothing here decides whether a payment runs: a re-delivered chunk
+is fenced in the database like any duplicate message (DESIGN §4.1), and a lost
+one is re-queued by the lease reaper.
+
+``register()`` (settings call it for ``redis://`` and ``rediss://`` broker
+URLs) points those schemes at this transport in every process.
+``tests/payments/test_engine_processes.py`` kills and restarts a Redis
+under a real worker with a chunk in flight;
+``tests/scheduler_project/test_redis_transport.py`` tests the channel.
+"""
+
+from __future__ import annotations
+
+from kombu.transport import TRANSPORT_ALIASES
+from kombu.transport import redis as kombu_redis
+
+
+class Channel(kombu_redis.Channel):
+    """A Redis channel that can still build a pool after its transport was detached."""
+
+    def _connparams(self, asynchronous: bool = False) -> dict:
+        remembered = self.__dict__.setdefault("_remembered_connparams", {})
+        if self.connection.client is None and asynchronous in remembered:
+            return dict(remembered[asynchronous])
+        params = super()._connparams(asynchronous=asynchronous)
+        remembered[asynchronous] = dict(params)
+        return params
+
+
+class Transport(kombu_redis.Transport):
+    """``redis://`` whose channels survive the consumer's close after a broker loss."""
+
+    Channel = Channel
+
+
+def register() -> None:
+    """Make ``redis://`` and ``rediss://`` URLs use this transport in every process."""
+    TRANSPORT_ALIASES["redis"] = f"{__name__}:Transport"
+    TRANSPORT_ALIASES["rediss"] = f"{__name__}:Transport"
+    TRANSPORT_ALIASES["redis-stock"] = "kombu.transport.redis:Transport"
