@@ -29,15 +29,22 @@ FAULT_WEIGHTS = {
 
 
 # ---------------------------------------------------------------- the fault schedule
-def fault_schedule(seed: int, seconds: float, workers: int) -> list[dict]:
+def fault_schedule(
+    seed: int, seconds: float, workers: int, kinds: list[str] | None = None
+) -> list[dict]:
     """Every fault and restart of the run, as offsets from its start: a function of the seed.
 
     The first faults go through every kind once (in a seeded order), so even a
     short run sees each; then kinds are drawn by weight. A component is never
-    killed while it is down; its restart is an event of its own.
+    killed while it is down; its restart is an event of its own. ``kinds``
+    (default: all of ``FAULT_WEIGHTS``) narrows the draw, e.g. to replay only
+    broker restarts; the same seed and kinds give the same schedule.
     """
     rng = random.Random(seed)
-    kinds = list(FAULT_WEIGHTS)
+    kinds = list(kinds or FAULT_WEIGHTS)
+    unknown = set(kinds) - set(FAULT_WEIGHTS)
+    if unknown:
+        raise ValueError(f"unknown fault kinds: {sorted(unknown)}")
     first = rng.sample(kinds, len(kinds))
     down_until: dict[str, float] = {}
     events: list[dict] = []
@@ -60,6 +67,9 @@ def fault_schedule(seed: int, seconds: float, workers: int) -> list[dict]:
                 options.append((kind, "web" if kind == "kill_web_worker" else "postgres"))
         wanted = first.pop(0) if first else None
         candidates = [o for o in options if o[0] == wanted] or options
+        if not candidates:  # every allowed target is down: wait for one to come back
+            t += rng.uniform(2.0, 12.0)
+            continue
         weights = [
             FAULT_WEIGHTS[k] / (workers + 1 if k == "kill_worker" else 1) for k, _ in candidates
         ]

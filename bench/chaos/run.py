@@ -32,6 +32,7 @@ from bench.chaos.config import (
     log,
 )
 from bench.chaos.faults import (
+    FAULT_WEIGHTS,
     ChaosService,
     RedisServer,
     fault_schedule,
@@ -61,7 +62,7 @@ class Run:
     def __init__(self, args) -> None:
         self.args = args
         self.seconds = args.minutes * 60
-        self.schedule = fault_schedule(args.seed, self.seconds, args.workers)
+        self.schedule = fault_schedule(args.seed, self.seconds, args.workers, args.faults)
         self.faults: list[dict] = []
         self.unexpected: list[dict] = []
         self.direct_ids: list[str] = []
@@ -373,6 +374,11 @@ def main() -> int:
         "--retry-budget", type=float, default=150.0, help="how long an API client retries (s)"
     )
     parser.add_argument("--allow-dead-letters", action="store_true")
+    parser.add_argument(
+        "--faults",
+        type=lambda text: [k.strip() for k in text.split(",") if k.strip()],
+        help=f"comma-separated fault kinds to draw from (default: {','.join(FAULT_WEIGHTS)})",
+    )
     parser.add_argument("--out", type=Path, help="summary JSON path")
     parser.add_argument("--print-schedule", action="store_true", help="print the faults, exit")
     args = parser.parse_args()

@@ -58,12 +58,23 @@ def machine() -> dict:
 
     with psycopg.connect(f"{PG_SERVER}/postgres") as conn:
         pg = conn.execute("SHOW server_version").fetchone()[0]
+        # Settings that change what a long run measures: with autovacuum off (the
+        # CI server's conf.d/90-ci.conf) dead row versions of payments_payment
+        # pile up within a step (each payment is updated twice); scenarios VACUUM
+        # between steps themselves. A production server runs autovacuum.
+        pg_settings = dict(
+            conn.execute(
+                "SELECT name, setting FROM pg_settings WHERE name = ANY(%s)",
+                [["autovacuum", "fsync", "synchronous_commit", "shared_buffers"]],
+            ).fetchall()
+        )
     return {
         "cpus": os.cpu_count(),
         "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "postgres": pg,
+        "postgres_settings": pg_settings,
         "redis": redis.Redis.from_url(REDIS_SERVER).info()["redis_version"],
     }
 
@@ -87,6 +98,12 @@ def suite_markdown(report: dict) -> str:
         f"{report['machine']['memory_gb']} GiB · {report['machine']['platform']} · "
         f"PostgreSQL {report['machine']['postgres']} · Redis {report['machine']['redis']} · "
         f"git {report['git']}",
+        "",
+        "PostgreSQL settings: "
+        + (
+            ", ".join(f"{k}={v}" for k, v in report["machine"].get("postgres_settings", {}).items())
+            or "not recorded"
+        ),
         "",
         f"Command: `{report['command']}`",
         "",

@@ -234,6 +234,18 @@ def cpu_report(used: CpuUsed, executed: int) -> dict:
     }
 
 
+def payment_dead_rows() -> int | None:
+    """``n_dead_tup`` of payments_payment: what autovacuum (off on the CI server) would clean."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'payments_payment'"
+        )
+        row = cursor.fetchone()
+    return row[0] if row else None
+
+
 def our_step(ctx: Ours, index: int, rate: float) -> dict:
     from bench.harness.app import OPEN_STATUSES, Payment
 
@@ -284,6 +296,7 @@ def our_step(ctx: Ours, index: int, rate: float) -> dict:
     cpu_window = cpu_since(ctx, cpu0)
     mine = Payment.objects.filter(from_account__in=ctx.sources, due_at__gte=t0)
     open_at_window_end = mine.filter(status__in=OPEN_STATUSES).count()
+    dead_rows = payment_dead_rows()
     remaining = wait_terminal(ctx.timeout)
     end = db_now()
     cpu_step = cpu_since(ctx, cpu0)
@@ -321,6 +334,9 @@ def our_step(ctx: Ours, index: int, rate: float) -> dict:
         "lateness_seconds": summary,
         "meets_slo": slo_met(summary, censored) and failed == 0,
         "open_at_window_end": open_at_window_end,
+        # dead row versions of payments_payment at the window's end (statistics
+        # collector's estimate); the step began right after a VACUUM
+        "payment_dead_rows_at_window_end": dead_rows,
         "still_open_at_timeout": remaining,
         "censored": censored,
         "failed": failed,
