@@ -31,8 +31,8 @@ def _channel_with_an_unacked_message(url: str, scheme: str):
 
 
 def _forget_at_exit(channel) -> None:
-    """A channel not closed, or whose close failed, leaves its message unrestored; kombu would try again at
-    interpreter exit, against a Redis this test's fixture has already stopped."""
+    """A channel not closed, or whose close failed, keeps its message taken: kombu
+    would restore it at interpreter exit, against a Redis the fixture has stopped."""
     channel.qos.restore_at_shutdown = False
 
 
