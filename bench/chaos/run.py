@@ -104,7 +104,7 @@ class Run:
         elif role == "beat":
             self.service.beat()
         elif role == "web":
-            self.service.gunicorn(WEB_PORT, workers=2, threads=4)
+            self.service.gunicorn(WEB_PORT)
         elif role == "timers":
             self.service.timers()
         elif role == "recurring":

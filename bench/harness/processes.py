@@ -118,7 +118,10 @@ class Service:
             str(LOG_DIR / f"{self.name}-{role}-schedule"),
         )
 
-    def gunicorn(self, port: int, workers: int = 2, threads: int = 4, nice: int = 0):
+    def gunicorn(
+        self, port: int, workers: int | None = None, threads: int | None = None, nice: int = 0
+    ):
+        """gunicorn as shipped (gunicorn.conf.py: 2 workers x 4 threads) unless told otherwise."""
         return self.start(
             "web",
             [
@@ -129,10 +132,8 @@ class Service:
                 "scheduler_project.wsgi",
                 "-b",
                 f"127.0.0.1:{port}",
-                "-w",
-                str(workers),
-                "--threads",
-                str(threads),
+                *(["-w", str(workers)] if workers else []),
+                *(["--threads", str(threads)] if threads else []),
             ],
         )
 
