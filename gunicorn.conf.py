@@ -20,9 +20,9 @@ if int(os.environ.get("WEB_NICE", "0")):
 bind = os.environ.get("GUNICORN_BIND", f"0.0.0.0:{os.environ.get('PORT', '8000')}")
 workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
 # Threads per worker process (gthread; 1 = the sync worker). 2 x 4 is what the
-# benchmarks measure: at 1,000 payments/s with the API load, 2 x 4 threads gave
-# schedule/status p95 79-87 / 52-61 ms over four runs, 4 sync workers 111 / 75
-# and 4 x 2 threads 100 / 71 (README, "Performance and reliability"). Keep
+# benchmarks measure, and the best layout tried at 1,000 payments/s with the API
+# load: schedule/status p95 79-87 / 49-61 ms, 4 sync workers 111 / 75, 4 x 2
+# threads 100 / 71 (bench/results/2026-11-24-apidiag/). Keep
 # DB_POOL_MAX_SIZE >= WEB_THREADS: each thread holds a connection per request.
 threads = int(os.environ.get("WEB_THREADS", "4"))
 accesslog = "-"

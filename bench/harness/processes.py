@@ -118,10 +118,9 @@ class Service:
             str(LOG_DIR / f"{self.name}-{role}-schedule"),
         )
 
-    def gunicorn(
-        self, port: int, workers: int | None = None, threads: int | None = None, nice: int = 0
-    ):
-        """gunicorn as shipped (gunicorn.conf.py: 2 workers x 4 threads) unless told otherwise."""
+    def gunicorn(self, port: int, nice: int = 0):
+        """gunicorn as shipped: gunicorn.conf.py (2 workers x 4 threads; WEB_CONCURRENCY,
+        WEB_THREADS in the environment change it)."""
         return self.start(
             "web",
             [
@@ -132,8 +131,6 @@ class Service:
                 "scheduler_project.wsgi",
                 "-b",
                 f"127.0.0.1:{port}",
-                *(["-w", str(workers)] if workers else []),
-                *(["--threads", str(threads)] if threads else []),
             ],
         )
 

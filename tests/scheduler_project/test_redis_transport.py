@@ -17,66 +17,73 @@ from scheduler_project.redis_transport import register
 register()  # settings already did for a redis:// broker; "redis-stock" is the unpatched one
 
 
-def _channel_with_an_unacked_message(url: str, scheme: str):
-    conn = Connection(url.replace("redis://", f"{scheme}://", 1))
-    name = "chunks"
-    queue = Queue(name, Exchange(name), name)
-    channel = conn.channel()
-    bound = queue(channel)
-    bound.declare()
-    Producer(channel).publish({"chunk": 1}, exchange=queue.exchange, routing_key=name)
-    message = bound.get(no_ack=False)
-    assert message is not None and message.payload == {"chunk": 1}
-    return conn, channel, name
-
-
-def _forget_at_exit(channel) -> None:
-    """A channel not closed, or whose close failed, keeps its message taken: kombu
-    would restore it at interpreter exit, against a Redis the fixture has stopped."""
-    channel.qos.restore_at_shutdown = False
-
-
 @pytest.fixture
 def broker(private_redis):
     """A Redis of the test's own: what the channels leave behind dies with it."""
     return redis.Redis.from_url(private_redis.url)
 
 
-def test_detached_channel_restores_its_unacked_message(broker, private_redis):
-    _conn, channel, name = _channel_with_an_unacked_message(private_redis.url, "redis")
+@pytest.fixture
+def unacked_channel(private_redis):
+    """Makes a channel on the test's own Redis (``redis`` or ``redis-stock``
+    transport) holding one taken, unacknowledged message.
+
+    At teardown every channel it made is told not to restore at interpreter
+    exit: one not closed, or whose close failed, still holds its message, and
+    kombu would try again against a Redis the fixture has already stopped.
+    """
+    made = []
+
+    def make(scheme: str):
+        conn = Connection(private_redis.url.replace("redis://", f"{scheme}://", 1))
+        name = "chunks"
+        queue = Queue(name, Exchange(name), name)
+        channel = conn.channel()
+        made.append(channel)
+        bound = queue(channel)
+        bound.declare()
+        Producer(channel).publish({"chunk": 1}, exchange=queue.exchange, routing_key=name)
+        message = bound.get(no_ack=False)
+        assert message is not None and message.payload == {"chunk": 1}
+        return conn, channel, name
+
+    yield make
+    for channel in made:
+        channel.qos.restore_at_shutdown = False
+
+
+def test_detached_channel_restores_its_unacked_message(broker, unacked_channel):
+    _conn, channel, name = unacked_channel("redis")
     assert broker.llen(name) == 0  # taken, not acknowledged
     channel.connection.client = None  # what Connection.collect() leaves behind
     channel.close()
     assert broker.llen(name) == 1  # back on its queue, as on any connection loss
 
 
-def test_stock_channel_fails_the_same_close(private_redis):
+def test_stock_channel_fails_the_same_close(unacked_channel):
     """What the worker died of: not a connection error, so nothing ignored it."""
-    _conn, channel, _name = _channel_with_an_unacked_message(private_redis.url, "redis-stock")
+    _conn, channel, _name = unacked_channel("redis-stock")
     channel.connection.client = None
     with pytest.raises(AttributeError, match="hostname"):
         channel.close()
-    _forget_at_exit(channel)
 
 
-def test_detached_channel_with_redis_gone_fails_as_a_connection_error(private_redis):
+def test_detached_channel_with_redis_gone_fails_as_a_connection_error(unacked_channel):
     """Redis unreachable: the restore fails with an error kombu and Celery ignore."""
-    conn, channel, _name = _channel_with_an_unacked_message(private_redis.url, "redis")
+    conn, channel, _name = unacked_channel("redis")
     channel.connection.client = None
     channel._remembered_connparams = {
         key: {**params, "port": 1} for key, params in channel._remembered_connparams.items()
     }
     with pytest.raises(conn.connection_errors):
         channel.close()
-    _forget_at_exit(channel)
 
 
-def test_detached_channel_keeps_its_sync_and_async_parameters_apart(private_redis):
+def test_detached_channel_keeps_its_sync_and_async_parameters_apart(unacked_channel):
     """The consumer's pool is asynchronous, a restore's is not: each gets its own."""
-    _conn, channel, _name = _channel_with_an_unacked_message(private_redis.url, "redis")
+    _conn, channel, _name = unacked_channel("redis")
     sync, asynchronous = channel._connparams(), channel._connparams(asynchronous=True)
     assert sync["connection_class"] is not asynchronous["connection_class"]
     channel.connection.client = None
     assert channel._connparams() == sync
     assert channel._connparams(asynchronous=True) == asynchronous
-    _forget_at_exit(channel)  # never closed: its message stays taken
