@@ -39,10 +39,10 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from .db import bulk_insert_rows, bulk_update_rows
+from .db import binary_cursor, bulk_insert_rows, bulk_update_rows
 from .exceptions import (
     AccountNotActive,
     AccountNotFound,
@@ -121,7 +121,9 @@ class LedgerBatch:
     ``references`` may list entry references the caller will post, so that
     duplicates are found with one query instead of one per entry.
     ``lock_accounts_last``: read the accounts now, lock them in
-    :meth:`flush_balances` (module docstring).
+    :meth:`flush_balances` (module docstring); ``read``, with it: the accounts
+    as the caller has just read them without locks, instead of reading them
+    again.
     """
 
     def __init__(
@@ -131,9 +133,15 @@ class LedgerBatch:
         hold_ids: Iterable[int] = (),
         references: Iterable[str] = (),
         lock_accounts_last: bool = False,
+        read: dict[int, Account] | None = None,
     ) -> None:
         self._lock_last = lock_accounts_last
-        self.accounts = (read_accounts if lock_accounts_last else lock_accounts)(account_ids)
+        if read is not None and lock_accounts_last:
+            # the caller read them, unlocked, in a query of its own (a schedule
+            # request reads the destination and the clock in the same one)
+            self.accounts = {aid: read[aid] for aid in set(account_ids) if aid in read}
+        else:
+            self.accounts = (read_accounts if lock_accounts_last else lock_accounts)(account_ids)
         # what was read, for flush_balances to carry the batch's changes onto the locked rows
         self._read = (
             {aid: (a.balance, a.held, a.version) for aid, a in self.accounts.items()}
@@ -385,6 +393,9 @@ class LedgerBatch:
         satisfies what an operation was checked against."""
         if not self._lock_last or not self._changed_accounts:
             return
+        if connection.vendor == "postgresql":
+            self._apply_balances_locked()
+            return
         locked = lock_accounts(self._changed_accounts)
         for aid in sorted(self._changed_accounts):
             mine, now = self.accounts[aid], locked[aid]
@@ -403,6 +414,51 @@ class LedgerBatch:
             posting.balance_after = running[posting.account_id]
         self._write_balances()
 
+    def _apply_balances_locked(self) -> None:
+        """``flush_balances`` on PostgreSQL: lock, check and update the changed
+        accounts in one statement (``_APPLY_BALANCES_SQL``), then insert the
+        postings with their ``balance_after``.
+
+        One round trip instead of a locking read of whole rows and an UPDATE:
+        the same locks in the same order, the same checks against the locked
+        rows, the same ``StaleAccounts`` — and when one account fails a check,
+        no account is written."""
+        ids = sorted(self._changed_accounts)
+        mine = [self.accounts[aid] for aid in ids]
+        read = [self._read[aid] for aid in ids]
+        with binary_cursor() as cursor:
+            cursor.execute(
+                _APPLY_BALANCES_SQL,
+                [
+                    ids,
+                    [a.balance - r[0] for a, r in zip(mine, read, strict=True)],
+                    [a.held - r[1] for a, r in zip(mine, read, strict=True)],
+                    [a.version - r[2] for a, r in zip(mine, read, strict=True)],
+                    [a.status for a in mine],
+                    [a.allow_negative for a in mine],
+                    self._now,
+                ],
+            )
+            rows = {row[0]: row[1:] for row in cursor.fetchall()}
+        before: dict[int, int] = {}
+        for aid in ids:
+            if aid not in rows:
+                raise StaleAccounts(f"Account {aid} no longer exists.")
+            same_status, funded, balance_before, balance, held, version = rows[aid]
+            if not same_status:
+                raise StaleAccounts(f"Account {aid} changed status while the batch ran.")
+            if not funded:
+                raise StaleAccounts(f"Account {aid} no longer has the funds the batch used.")
+            account = self.accounts[aid]
+            account.balance, account.held, account.version = balance, held, version
+            before[aid] = balance_before
+        for posting in self._postings:
+            before[posting.account_id] += posting.amount
+            posting.balance_after = before[posting.account_id]
+        if self._postings:
+            bulk_insert_rows(self._postings, read_back=False)
+        self._postings, self._changed_accounts = [], set()
+
     def _write_balances(self) -> None:
         if self._postings:
             bulk_insert_rows(self._postings, read_back=False)
@@ -412,6 +468,49 @@ class LedgerBatch:
                 ["balance", "held", "version", "updated_at"],
             )
         self._postings, self._changed_accounts = [], set()
+
+
+# flush_balances on PostgreSQL, one statement. ``locked`` takes the row locks in
+# ascending id order (as ``lock_accounts``: concurrent batches wait instead of
+# deadlocking) and, under READ COMMITTED, reads the latest committed rows;
+# ``checked`` re-checks what the batch's operations relied on against them
+# (status and overdraft rule unchanged; funds, where the batch lowers them);
+# ``applied`` adds the batch's changes to the locked rows only if every account
+# passed — else nothing is written and the caller raises ``StaleAccounts``.
+# Each output row: the account, its two checks, its balance before and its
+# balance, held and version after (NULL when nothing was written).
+_APPLY_BALANCES_SQL = """
+WITH d AS (
+    SELECT * FROM unnest(%b::bigint[], %b::bigint[], %b::bigint[], %b::bigint[],
+                         %b::text[], %b::boolean[])
+        AS d(id, d_balance, d_held, d_version, status, allow_negative)
+), locked AS MATERIALIZED (
+    SELECT a.id, a.balance, a.held, a.status, a.allow_negative
+      FROM ledger_account a
+     WHERE a.id IN (SELECT id FROM d)
+     ORDER BY a.id
+       FOR NO KEY UPDATE
+), checked AS MATERIALIZED (
+    SELECT l.id,
+           l.status = d.status AND l.allow_negative = d.allow_negative AS same_status,
+           d.d_balance - d.d_held >= 0 OR l.allow_negative
+               OR l.balance + d.d_balance - (l.held + d.d_held) >= 0 AS funded
+      FROM locked l JOIN d USING (id)
+), applied AS (
+    UPDATE ledger_account a
+       SET balance = a.balance + d.d_balance,
+           held = a.held + d.d_held,
+           version = a.version + d.d_version,
+           updated_at = %b
+      FROM d
+     WHERE a.id = d.id
+       AND a.id IN (SELECT id FROM locked)
+       AND NOT EXISTS (SELECT 1 FROM checked WHERE NOT (same_status AND funded))
+ RETURNING a.id, a.balance - d.d_balance AS balance_before, a.balance, a.held, a.version
+)
+SELECT c.id, c.same_status, c.funded, p.balance_before, p.balance, p.held, p.version
+  FROM checked c LEFT JOIN applied p USING (id)
+"""
 
 
 def _unique_reference_violation(exc: IntegrityError) -> bool:

@@ -87,6 +87,11 @@ def payable_destination(*, client: AbstractBaseUser, account_id: int) -> Account
         .only("pk", "owner_id", "system_code", "status")
         .first()
     )
+    return check_payable(client=client, account_id=account_id, account=account)
+
+
+def check_payable(*, client: AbstractBaseUser, account_id: int, account: Account | None) -> Account:
+    """``payable_destination`` on an account the caller has read (None: no such row)."""
     if account is not None and account.owner_id is not None and account.owner_id == client.pk:
         if account.status != AccountStatus.ACTIVE:
             raise AccountNotActive(

@@ -895,6 +895,26 @@ def test_lock_accounts_last_refuses_an_account_whose_status_changed(status):
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
+def test_lock_accounts_last_writes_no_account_when_one_is_stale():
+    """The accounts are locked, checked and written in one statement: when the
+    destination turned frozen, the source is not debited either — even before
+    the caller rolls back (the transaction is still usable: nothing failed in SQL)."""
+    a, b = AccountFactory(funded=100), AccountFactory()
+    version = fresh(a).version
+    with transaction.atomic():
+        batch = LedgerBatch(account_ids=[a.pk, b.pk], lock_accounts_last=True)
+        batch.transfer(from_account_id=a.pk, to_account_id=b.pk, amount=10)
+        batch.flush()
+        commit_elsewhere(lambda: ledger.account_set_status(account_id=b.pk, status="frozen"))
+        with pytest.raises(StaleAccounts, match=f"Account {b.pk} changed status"):
+            batch.flush_balances()
+        assert (fresh(a).balance, fresh(a).version, fresh(b).balance) == (100, version, 0)
+        assert not Posting.objects.filter(account_id__in=[a.pk, b.pk], entry__kind="transfer")
+        transaction.set_rollback(True)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
 def test_lock_accounts_last_refuses_funds_that_went_meanwhile():
     """A debit checked against 100 available, when a hold placed meanwhile left 20:
     ``StaleAccounts`` (not the CHECK constraint's IntegrityError at the UPDATE)."""

@@ -309,17 +309,20 @@ CHUNK_STATEMENTS = [
     ("UPDATE", "payments_payment"),
     ("INSERT", "payments_paymentattempt"),  # no id round trip: nothing refers to them
     ("INSERT", "payments_paymentevent"),
-    # The account locks come last, held for these three statements and COMMIT
+    # The account locks come last, held for these two statements and COMMIT
     # only: a schedule request placing a hold does not wait for the batch.
-    ("LOCK", "ledger_account"),
-    ("INSERT", "ledger_posting"),
-    ("UPDATE", "ledger_account"),
+    # Locked, checked and written in one statement (ledger.services).
+    ("LOCK+UPDATE", "ledger_account"),
+    ("INSERT", "ledger_posting"),  # balance_after: from the locked balances
 ]
 WEBHOOK_STATEMENT = ("INSERT", "payments_webhookevent")  # when a client subscribed
 
 
 def statement(sql):
-    """(verb, table or function) of one SQL statement; a row-locking SELECT is LOCK."""
+    """(verb, table or function) of one SQL statement; a row-locking SELECT is LOCK,
+    flush_balances' lock-check-update of accounts LOCK+UPDATE."""
+    if sql.lstrip().startswith("WITH") and "UPDATE ledger_account" in sql:
+        return ("LOCK+UPDATE", "ledger_account")
     function = re.match(r"SELECT (\w+)\(", sql)
     verb = "LOCK" if re.search(r"FOR (NO KEY )?UPDATE", sql) else sql.split()[0]
     return (verb, function.group(1) if function else sql.split('"')[1])
