@@ -24,8 +24,9 @@ on against the locked rows (status, overdraft rule, funds where the batch
 lowers them: else ``StaleAccounts`` and the caller runs again with the
 accounts locked first), applies the batch's changes to the locked balances,
 computes each posting's ``balance_after`` from them and writes postings and
-balances. The account rows stay locked for three statements and the COMMIT
-instead of the whole batch: a schedule request placing a hold on one of them,
+balances. On PostgreSQL the lock, the checks and the balance UPDATE are one
+statement; the account rows stay locked for it, the postings' INSERT and the
+COMMIT instead of the whole batch: a schedule request placing a hold on one of them,
 or another batch, waits that long and no longer.
 
 The single-operation services below (``transfer_post``, ``hold_place``, …)
