@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from datetime import UTC, datetime
 
@@ -67,7 +68,10 @@ def main() -> int:
         "duration_seconds": args.duration,
         "executions_running": not args.no_executions,
         "payments_completed_during_run": Payment.objects.filter(status="COMPLETED").count(),
-        "gunicorn": "2 workers x 4 threads",
+        "gunicorn": (
+            f"{os.environ.get('WEB_CONCURRENCY', '2')} workers x "
+            f"{os.environ.get('WEB_THREADS', '4')} threads"
+        ),  # gunicorn.conf.py's defaults unless the environment overrides them
     }
     now = datetime.now(UTC)
     print(json.dumps(result, indent=2))
