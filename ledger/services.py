@@ -155,7 +155,8 @@ class LedgerBatch:
         self._lock_last = lock_accounts_last
         if read is not None and lock_accounts_last:
             # the caller read them, unlocked, in a query of its own (a schedule
-            # request reads the destination and the clock in the same one)
+            # request reads the destination and the clock in the same one);
+            # locked first, a batch always reads them itself
             self.accounts = {aid: read[aid] for aid in set(account_ids) if aid in read}
         else:
             self.accounts = (read_accounts if lock_accounts_last else lock_accounts)(account_ids)
@@ -457,15 +458,19 @@ class LedgerBatch:
                 ],
             )
             rows = {row[0]: row[1:] for row in cursor.fetchall()}
-        before: dict[int, int] = {}
-        for aid in ids:
+        for aid in ids:  # the first account, by id, that failed a check
             if aid not in rows:
                 raise StaleAccounts(f"Account {aid} no longer exists.")
-            same_status, funded, balance_before, balance, held, version = rows[aid]
+            same_status, funded = rows[aid][:2]
             if not same_status:
                 raise StaleAccounts(f"Account {aid} changed status while the batch ran.")
             if not funded:
                 raise StaleAccounts(f"Account {aid} no longer has the funds the batch used.")
+        before: dict[int, int] = {}
+        for aid in ids:
+            balance_before, balance, held, version = rows[aid][2:]
+            if balance is None:  # every check passed, yet not written: never pass silently
+                raise StaleAccounts(f"Account {aid} was not written.")
             account = self.accounts[aid]
             account.balance, account.held, account.version = balance, held, version
             before[aid] = balance_before
@@ -493,7 +498,8 @@ class LedgerBatch:
 # ``checked`` re-checks what the batch's operations relied on against them
 # (status and overdraft rule unchanged; funds, where the batch lowers them);
 # ``applied`` adds the batch's changes to the locked rows only if every account
-# passed — else nothing is written and the caller raises ``StaleAccounts``.
+# passed and none has gone — else nothing is written and the caller raises
+# ``StaleAccounts``.
 # Each output row: the account, its two checks, its balance before and its
 # balance, held and version after (NULL when nothing was written).
 _APPLY_BALANCES_SQL = """
@@ -523,6 +529,7 @@ WITH d AS (
      WHERE a.id = d.id
        AND a.id IN (SELECT id FROM locked)
        AND NOT EXISTS (SELECT 1 FROM checked WHERE NOT (same_status AND funded))
+       AND (SELECT count(*) FROM checked) = (SELECT count(*) FROM d)
  RETURNING a.id, a.balance - d.d_balance AS balance_before, a.balance, a.held, a.version
 )
 SELECT c.id, c.same_status, c.funded, p.balance_before, p.balance, p.held, p.version

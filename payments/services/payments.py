@@ -68,9 +68,9 @@ def _read_with_clock(account_ids: list[int]) -> tuple[datetime, dict[int, Accoun
     if connection.vendor != "postgresql":
         return db_now(), read_accounts(account_ids)
     rows = list(
-        Account.objects.filter(pk__in=set(account_ids)).annotate(
-            db_clock=RawSQL("clock_timestamp()", ())
-        )
+        Account.objects.filter(pk__in=set(account_ids))
+        .annotate(db_clock=RawSQL("clock_timestamp()", ()))
+        .order_by("pk")  # the clock of the first row read: a fixed choice
     )
     return (rows[0].db_clock if rows else db_now()), {a.pk: a for a in rows}
 

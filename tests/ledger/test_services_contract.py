@@ -915,6 +915,60 @@ def test_lock_accounts_last_writes_no_account_when_one_is_stale():
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
+def test_lock_accounts_last_locks_in_ascending_id_order():
+    """flush_balances takes its account locks in ascending id order, whatever plan
+    PostgreSQL picks for the UPDATE: while it waits for the middle account (locked
+    elsewhere), it already holds the lowest and not yet the highest — so two
+    batches wait for each other instead of deadlocking."""
+    a, b, c = (AccountFactory(funded=100) for _ in range(3))
+    blocker_ready, release, flushed = threading.Event(), threading.Event(), threading.Event()
+
+    def hold_middle():
+        with transaction.atomic():
+            Account.objects.select_for_update().get(pk=b.pk)
+            blocker_ready.set()
+            assert release.wait(30)
+
+    def flush():
+        assert blocker_ready.wait(30)
+        with transaction.atomic():
+            batch = LedgerBatch(account_ids=[a.pk, b.pk, c.pk], lock_accounts_last=True)
+            batch.transfer(from_account_id=c.pk, to_account_id=b.pk, amount=10)
+            batch.transfer(from_account_id=b.pk, to_account_id=a.pk, amount=5)
+            batch.flush()
+            batch.flush_balances()
+        flushed.set()
+
+    def probe(account):
+        """Whether another transaction could lock ``account`` now (NOWAIT)."""
+        with transaction.atomic():
+            try:
+                Account.objects.select_for_update(nowait=True).get(pk=account.pk)
+            except OperationalError:
+                return False
+            transaction.set_rollback(True)
+            return True
+
+    def observe():
+        assert blocker_ready.wait(30)
+        deadline = time.monotonic() + 20
+        while probe(a) and time.monotonic() < deadline:  # until the batch holds a
+            time.sleep(0.02)
+        try:
+            assert not flushed.is_set()  # it waits for b…
+            assert not probe(a), "the batch never locked the lowest id"
+            assert probe(c), "the batch locked the highest id before the middle one"
+        finally:
+            release.set()
+
+    errors = run_in_threads(lambda i: [hold_middle, flush, observe][i](), 3)
+    assert errors == []
+    assert flushed.is_set()
+    assert (fresh(a).balance, fresh(b).balance, fresh(c).balance) == (105, 105, 90)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
 def test_lock_accounts_last_refuses_funds_that_went_meanwhile():
     """A debit checked against 100 available, when a hold placed meanwhile left 20:
     ``StaleAccounts`` (not the CHECK constraint's IntegrityError at the UPDATE)."""
