@@ -417,20 +417,28 @@ class LedgerBatch:
         locked = lock_accounts(self._changed_accounts)
         for aid in sorted(self._changed_accounts):
             mine, now = self.accounts[aid], locked[aid]
-            balance0, held0, version0 = self._read[aid]
-            d_balance, d_held = mine.balance - balance0, mine.held - held0
+            d_balance, d_held, d_version = self._changes(aid)
             if now.status != mine.status or now.allow_negative != mine.allow_negative:
                 raise StaleAccounts(f"Account {aid} changed status while the batch ran.")
             available = now.balance + d_balance - (now.held + d_held)
             if d_balance - d_held < 0 and not now.allow_negative and available < 0:
                 raise StaleAccounts(f"Account {aid} no longer has the funds the batch used.")
             mine.balance, mine.held = now.balance + d_balance, now.held + d_held
-            mine.version = now.version + (mine.version - version0)
-        running = {aid: locked[aid].balance for aid in self._changed_accounts}
+            mine.version = now.version + d_version
+        self._number_postings({aid: locked[aid].balance for aid in self._changed_accounts})
+        self._write_balances()
+
+    def _changes(self, aid: int) -> tuple[int, int, int]:
+        """What the batch did to an account since it read it: balance, held, version."""
+        mine, (balance0, held0, version0) = self.accounts[aid], self._read[aid]
+        return mine.balance - balance0, mine.held - held0, mine.version - version0
+
+    def _number_postings(self, balances_before: dict[int, int]) -> None:
+        """Each posting's ``balance_after``, counted on from its account's locked balance."""
+        running = dict(balances_before)
         for posting in self._postings:
             running[posting.account_id] += posting.amount
             posting.balance_after = running[posting.account_id]
-        self._write_balances()
 
     def _apply_balances_locked(self) -> None:
         """``flush_balances`` on PostgreSQL: lock, check and update the changed
@@ -442,16 +450,16 @@ class LedgerBatch:
         rows, the same ``StaleAccounts`` — and when one account fails a check,
         no account is written."""
         ids = sorted(self._changed_accounts)
+        d_balance, d_held, d_version = zip(*(self._changes(aid) for aid in ids), strict=True)
         mine = [self.accounts[aid] for aid in ids]
-        read = [self._read[aid] for aid in ids]
         with binary_cursor() as cursor:
             cursor.execute(
                 _APPLY_BALANCES_SQL,
                 [
                     ids,
-                    [a.balance - r[0] for a, r in zip(mine, read, strict=True)],
-                    [a.held - r[1] for a, r in zip(mine, read, strict=True)],
-                    [a.version - r[2] for a, r in zip(mine, read, strict=True)],
+                    list(d_balance),
+                    list(d_held),
+                    list(d_version),
                     [a.status for a in mine],
                     [a.allow_negative for a in mine],
                     self._now,
@@ -466,30 +474,31 @@ class LedgerBatch:
                 raise StaleAccounts(f"Account {aid} changed status while the batch ran.")
             if not funded:
                 raise StaleAccounts(f"Account {aid} no longer has the funds the batch used.")
-        before: dict[int, int] = {}
+        balances_before: dict[int, int] = {}
         for aid in ids:
             balance_before, balance, held, version = rows[aid][2:]
             if balance is None:  # every check passed, yet not written: never pass silently
                 raise StaleAccounts(f"Account {aid} was not written.")
             account = self.accounts[aid]
             account.balance, account.held, account.version = balance, held, version
-            before[aid] = balance_before
-        for posting in self._postings:
-            before[posting.account_id] += posting.amount
-            posting.balance_after = before[posting.account_id]
+            balances_before[aid] = balance_before
+        self._number_postings(balances_before)
+        self._write_postings()
+        self._changed_accounts = set()
+
+    def _write_postings(self) -> None:
         if self._postings:
             bulk_insert_rows(self._postings, read_back=False)
-        self._postings, self._changed_accounts = [], set()
+        self._postings = []
 
     def _write_balances(self) -> None:
-        if self._postings:
-            bulk_insert_rows(self._postings, read_back=False)
+        self._write_postings()
         if self._changed_accounts:
             bulk_update_rows(
                 [self.accounts[aid] for aid in sorted(self._changed_accounts)],
                 ["balance", "held", "version", "updated_at"],
             )
-        self._postings, self._changed_accounts = [], set()
+        self._changed_accounts = set()
 
 
 # flush_balances on PostgreSQL, one statement. ``locked`` takes the row locks in

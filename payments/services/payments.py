@@ -21,7 +21,12 @@ from django.db import connection, transaction
 from django.db.models.expressions import RawSQL
 
 from ledger.models import Account
-from ledger.services import LedgerBatch, locking_accounts_last, read_accounts
+from ledger.services import (
+    BATCH_ACCOUNT_FIELDS,
+    LedgerBatch,
+    locking_accounts_last,
+    read_accounts,
+)
 
 from .. import locks, metrics, transitions
 from ..clock import db_now, iso_timestamp
@@ -69,6 +74,7 @@ def _read_with_clock(account_ids: list[int]) -> tuple[datetime, dict[int, Accoun
         return db_now(), read_accounts(account_ids)
     rows = list(
         Account.objects.filter(pk__in=set(account_ids))
+        .only(*BATCH_ACCOUNT_FIELDS)  # what read_accounts reads
         .annotate(db_clock=RawSQL("clock_timestamp()", ()))
         .order_by("pk")  # the clock of the first row read: a fixed choice
     )
@@ -99,10 +105,11 @@ def payment_schedule(
         with transaction.atomic():
             # Locked last, the source is read with the destination and the
             # database clock in one query; locked first, each has its own.
-            read = (
-                _read_with_clock([from_account_id, to_account_id]) if lock_accounts_last else None
+            now, read = (
+                _read_with_clock([from_account_id, to_account_id])
+                if lock_accounts_last
+                else (db_now(), None)
             )
-            now = read[0] if read else db_now()
             due_at = resolve_due_at(
                 now=now, delay_seconds=delay_seconds, scheduled_time=scheduled_time
             )
@@ -114,12 +121,12 @@ def payment_schedule(
             batch = LedgerBatch(
                 account_ids=[from_account_id],
                 lock_accounts_last=lock_accounts_last,
-                read=read[1] if read else None,
+                read=read,
             )
             source = _owned_source(batch, from_account_id, client)
-            if read:
+            if read is not None:
                 check_payable(
-                    client=client, account_id=to_account_id, account=read[1].get(to_account_id)
+                    client=client, account_id=to_account_id, account=read.get(to_account_id)
                 )
             else:
                 payable_destination(client=client, account_id=to_account_id)
