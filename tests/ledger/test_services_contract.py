@@ -915,6 +915,22 @@ def test_lock_accounts_last_writes_no_account_when_one_is_stale():
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
+def test_lock_accounts_last_names_an_account_deleted_meanwhile():
+    """An account the batch read and that is gone when it locks: ``StaleAccounts``
+    naming it (the executor logs the message), and the other account is not written."""
+    a, b = AccountFactory(funded=100), AccountFactory()
+    with transaction.atomic():
+        batch = LedgerBatch(account_ids=[a.pk, b.pk], lock_accounts_last=True)
+        batch.transfer(from_account_id=a.pk, to_account_id=b.pk, amount=10)
+        commit_elsewhere(lambda: Account.objects.filter(pk=b.pk).delete())
+        with pytest.raises(StaleAccounts, match=f"^Account {b.pk} no longer exists"):
+            batch.flush_balances()
+        assert fresh(a).balance == 100
+        transaction.set_rollback(True)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
 def test_lock_accounts_last_locks_in_ascending_id_order():
     """flush_balances takes its account locks in ascending id order, whatever plan
     PostgreSQL picks for the UPDATE: while it waits for the middle account (locked
@@ -1029,3 +1045,21 @@ def test_flush_balances_without_lock_accounts_last_writes_nothing_more(django_as
         with django_assert_num_queries(0):
             batch.flush_balances()
     assert (fresh(a).balance, fresh(b).balance) == (90, 10)
+
+
+def test_a_batch_locked_up_front_goes_on_after_a_flush():
+    """``flush`` writes what was applied so far and leaves the batch usable: the
+    next operations and the next ``flush`` write only themselves, on top."""
+    a, b = AccountFactory(funded=100), AccountFactory()
+    with transaction.atomic():
+        batch = LedgerBatch(account_ids=[a.pk, b.pk])
+        first = batch.transfer(from_account_id=a.pk, to_account_id=b.pk, amount=10)
+        batch.flush()
+        second = batch.transfer(from_account_id=b.pk, to_account_id=a.pk, amount=4)
+        batch.flush()
+    assert (fresh(a).balance, fresh(b).balance) == (94, 6)
+    assert postings(first) == [(a.pk, -10), (b.pk, 10)]
+    assert postings(second) == [(b.pk, -4), (a.pk, 4)]
+    after = Posting.objects.filter(entry__in=[first, second]).order_by("pk")
+    assert list(after.values_list("balance_after", flat=True)) == [90, 10, 6, 94]
+    assert reconcile().ok
