@@ -859,9 +859,22 @@ def test_lock_accounts_last_carries_the_batch_onto_what_others_committed_meanwhi
     assert reconcile().ok
 
 
-def transfer_with_commit_between(a, b, amount, meanwhile, hold=None):
+@pytest.fixture(params=["committed elsewhere", "in the same transaction"])
+def between(request):
+    """How the change reaches the batch between its read and its ``flush_balances``:
+    committed by another connection (PostgreSQL: SQLite's write lock keeps other
+    writers out for the whole transaction), or made in the batch's own transaction
+    — which also reaches the re-checks of SQLite's ``flush_balances`` path."""
+    if request.param == "committed elsewhere":
+        if connection.vendor != "postgresql":
+            pytest.skip("needs PostgreSQL: another connection commits while the batch runs")
+        return commit_elsewhere
+    return lambda change: change()
+
+
+def transfer_with_change_between(a, b, amount, meanwhile, between, hold=None):
     """One ``lock_accounts_last`` transfer a → b in its own transaction, with
-    ``meanwhile()`` committed by another between the batch's read and its
+    ``meanwhile()`` applied (``between``) after the batch's read and before its
     ``flush_balances`` (an exception from it rolls the transaction back)."""
     with transaction.atomic():
         batch = LedgerBatch(
@@ -873,24 +886,25 @@ def transfer_with_commit_between(a, b, amount, meanwhile, hold=None):
             from_account_id=a.pk, to_account_id=b.pk, amount=amount, hold_id=hold and hold.pk
         )
         batch.flush()
-        commit_elsewhere(meanwhile)
+        between(meanwhile)
         batch.flush_balances()
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("status", ["frozen", "closed"])
-def test_lock_accounts_last_refuses_an_account_whose_status_changed(status):
+def test_lock_accounts_last_refuses_an_account_whose_status_changed(status, between):
     """Checked against an active account, written to a frozen one: never —
     ``StaleAccounts``, and flush_balances writes nothing."""
     a, b = AccountFactory(funded=100), AccountFactory()
     postings = Posting.objects.count()
-    with pytest.raises(StaleAccounts, match="status"):
-        transfer_with_commit_between(
-            a, b, 10, lambda: ledger.account_set_status(account_id=b.pk, status=status)
+    with pytest.raises(StaleAccounts, match=f"^Account {b.pk} changed status"):
+        transfer_with_change_between(
+            a, b, 10, lambda: ledger.account_set_status(account_id=b.pk, status=status), between
         )
     assert Posting.objects.count() == postings
-    assert (fresh(a).balance, fresh(b).balance, fresh(b).status) == (100, 0, status)
+    kept = between is commit_elsewhere  # else rolled back with the batch
+    assert (fresh(a).balance, fresh(b).balance) == (100, 0)
+    assert fresh(b).status == (status if kept else "active")
 
 
 @pytest.mark.postgres
@@ -983,42 +997,67 @@ def test_lock_accounts_last_locks_in_ascending_id_order():
     assert (fresh(a).balance, fresh(b).balance, fresh(c).balance) == (105, 105, 90)
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_lock_accounts_last_refuses_funds_that_went_meanwhile():
+def test_lock_accounts_last_refuses_funds_that_went_meanwhile(between):
     """A debit checked against 100 available, when a hold placed meanwhile left 20:
     ``StaleAccounts`` (not the CHECK constraint's IntegrityError at the UPDATE)."""
     a, b = AccountFactory(funded=100), AccountFactory()
-    with pytest.raises(StaleAccounts, match="funds"):
-        transfer_with_commit_between(
-            a, b, 50, lambda: ledger.hold_place(account_id=a.pk, amount=80)
+    with pytest.raises(StaleAccounts, match=f"^Account {a.pk} no longer has the funds"):
+        transfer_with_change_between(
+            a, b, 50, lambda: ledger.hold_place(account_id=a.pk, amount=80), between
         )
-    assert (fresh(a).balance, fresh(a).held, fresh(b).balance) == (100, 80, 0)
+    kept = between is commit_elsewhere  # else rolled back with the batch
+    assert (fresh(a).balance, fresh(a).held, fresh(b).balance) == (100, 80 if kept else 0, 0)
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_lock_accounts_last_keeps_funds_the_batch_does_not_lower():
+def test_lock_accounts_last_keeps_funds_the_batch_does_not_lower(between):
     """What the batch pays out of a captured hold or into an account does not lower
     its available funds: a hold placed meanwhile that takes all of them is no reason
     to refuse (nor is an overdraft-allowed account's negative balance)."""
     a, b = AccountFactory(funded=100), AccountFactory()
     hold = ledger.hold_place(account_id=a.pk, amount=30)
-    transfer_with_commit_between(
-        a, b, 30, lambda: ledger.hold_place(account_id=a.pk, amount=70), hold=hold
+    transfer_with_change_between(
+        a, b, 30, lambda: ledger.hold_place(account_id=a.pk, amount=70), between, hold=hold
     )
     assert (fresh(a).balance, fresh(a).held, fresh(b).balance) == (70, 70, 30)
     assert reconcile().ok
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_lock_accounts_last_may_use_the_last_unit_left():
+def test_lock_accounts_last_may_use_the_last_unit_left(between):
     """A hold placed meanwhile leaves exactly what the batch pays out: available
     ends at 0, which is allowed — no ``StaleAccounts``."""
     a, b = AccountFactory(funded=100), AccountFactory()
-    transfer_with_commit_between(a, b, 50, lambda: ledger.hold_place(account_id=a.pk, amount=50))
+    version = fresh(a).version
+    transfer_with_change_between(
+        a, b, 50, lambda: ledger.hold_place(account_id=a.pk, amount=50), between
+    )
     assert (fresh(a).balance, fresh(a).held, fresh(a).available) == (50, 50, 0)
+    assert fresh(a).version == version + 2  # the hold's change, then the batch's
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("other_hold, refused", [(80, True), (70, False)])
+def test_lock_accounts_last_counts_a_hold_it_places_against_the_funds_left(
+    other_hold, refused, between
+):
+    """A batch that places a hold of 30 lowers available funds by 30: after another
+    hold of 80 took all but 20, ``StaleAccounts``; after one of 70, exactly enough."""
+    a = AccountFactory(funded=100)
+    with transaction.atomic():
+        batch = LedgerBatch(account_ids=[a.pk], lock_accounts_last=True)
+        batch.place_hold(account_id=a.pk, amount=30)
+        batch.flush()
+        between(lambda: ledger.hold_place(account_id=a.pk, amount=other_hold))
+        if refused:
+            with pytest.raises(StaleAccounts, match=f"^Account {a.pk} no longer has the funds"):
+                batch.flush_balances()
+            transaction.set_rollback(True)
+        else:
+            batch.flush_balances()
+    if not refused:
+        assert (fresh(a).balance, fresh(a).held, fresh(a).available) == (100, 100, 0)
 
 
 def test_flush_balances_does_nothing_without_lock_accounts_last(django_assert_num_queries):
