@@ -41,6 +41,7 @@ from typing import TypeVar
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, connection, transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from .db import binary_cursor, bulk_insert_rows, bulk_update_rows
@@ -84,10 +85,16 @@ BATCH_ACCOUNT_FIELDS = (
 )
 
 
+def unlocked_accounts(account_ids: Iterable[int]) -> QuerySet[Account]:
+    """The given accounts as a ``lock_accounts_last`` batch reads them: no lock,
+    ``BATCH_ACCOUNT_FIELDS`` only (a caller may add to the query, as the
+    schedule request adds the database clock)."""
+    return Account.objects.filter(pk__in=set(account_ids)).only(*BATCH_ACCOUNT_FIELDS)
+
+
 def read_accounts(account_ids: Iterable[int]) -> dict[int, Account]:
     """The given accounts by id, read without locks (``lock_accounts_last``)."""
-    accounts = Account.objects.filter(pk__in=set(account_ids)).only(*BATCH_ACCOUNT_FIELDS)
-    return {a.pk: a for a in accounts}
+    return {a.pk: a for a in unlocked_accounts(account_ids)}
 
 
 T = TypeVar("T")

@@ -22,10 +22,10 @@ from django.db.models.expressions import RawSQL
 
 from ledger.models import Account
 from ledger.services import (
-    BATCH_ACCOUNT_FIELDS,
     LedgerBatch,
     locking_accounts_last,
     read_accounts,
+    unlocked_accounts,
 )
 
 from .. import locks, metrics, transitions
@@ -73,8 +73,7 @@ def _read_with_clock(account_ids: list[int]) -> tuple[datetime, dict[int, Accoun
     if connection.vendor != "postgresql":
         return db_now(), read_accounts(account_ids)
     rows = list(
-        Account.objects.filter(pk__in=set(account_ids))
-        .only(*BATCH_ACCOUNT_FIELDS)  # what read_accounts reads
+        unlocked_accounts(account_ids)
         .annotate(db_clock=RawSQL("clock_timestamp()", ()))
         .order_by("pk")  # the clock of the first row read: a fixed choice
     )
