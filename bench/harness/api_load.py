@@ -104,35 +104,30 @@ def run_load(
     start_at = time.monotonic() + 0.2
     sched_results: list = []
     status_results: list = []
-    # Each kind's streams take turns: stream k starts k / rate after the first,
-    # so together they send one request every 1 / rate s, not all of theirs at
-    # the same instant (8 streams in lockstep were bursts of 8 every 8 / rate s,
-    # measured until session 12); the status streams sit halfway between.
-    threads = [
-        Stream(
-            host,
-            port,
-            token,
-            schedule_rate / streams,
-            duration,
-            start_at + k / schedule_rate,
-            schedule,
-            sched_results,
-        )
-        for k in range(streams)
-    ] + [
-        Stream(
-            host,
-            port,
-            token,
-            status_rate / streams,
-            duration,
-            start_at + (k + 0.5) / status_rate,
-            status,
-            status_results,
-        )
-        for k in range(streams)
-    ]
+
+    def turns(rate, make_request, results, phase):
+        """``streams`` streams that take turns: stream k starts (k + phase) / rate
+        after ``start_at``, so together they send one request every 1 / rate s,
+        not all of theirs at the same instant (8 streams in lockstep were bursts
+        of 8 every 8 / rate s, measured until session 12)."""
+        return [
+            Stream(
+                host,
+                port,
+                token,
+                rate / streams,
+                duration,
+                start_at + (k + phase) / rate,
+                make_request,
+                results,
+            )
+            for k in range(streams)
+        ]
+
+    # The status streams sit halfway between the schedule streams' turns.
+    threads = turns(schedule_rate, schedule, sched_results, 0) + turns(
+        status_rate, status, status_results, 0.5
+    )
     for thread in threads:
         thread.start()
     for thread in threads:
