@@ -24,10 +24,11 @@ on against the locked rows (status, overdraft rule, funds where the batch
 lowers them: else ``StaleAccounts`` and the caller runs again with the
 accounts locked first), applies the batch's changes to the locked balances,
 computes each posting's ``balance_after`` from them and writes postings and
-balances. On PostgreSQL the lock, the checks and the balance UPDATE are one
-statement; the account rows stay locked for it, the postings' INSERT and the
-COMMIT instead of the whole batch: a schedule request placing a hold on one of them,
-or another batch, waits that long and no longer.
+balances. On PostgreSQL that is two statements in one round trip: the lock,
+then the checks and the balance UPDATE; the account rows stay locked for
+them, the postings' INSERT and the COMMIT instead of the whole batch: a
+schedule request placing a hold on one of them, or another batch, waits that
+long and no longer.
 
 The single-operation services below (``transfer_post``, ``hold_place``, …)
 are one-operation batches, each in its own transaction.
@@ -448,18 +449,25 @@ class LedgerBatch:
             posting.balance_after = running[posting.account_id]
 
     def _apply_balances_locked(self) -> None:
-        """``flush_balances`` on PostgreSQL: lock, check and update the changed
-        accounts in one statement (``_APPLY_BALANCES_SQL``), then insert the
-        postings with their ``balance_after``.
+        """``flush_balances`` on PostgreSQL: lock the changed accounts
+        (``_LOCK_ACCOUNTS_SQL``), then check and update them in one statement
+        (``_APPLY_BALANCES_SQL``), then insert the postings with their
+        ``balance_after``.
 
-        One round trip instead of a locking read of whole rows and an UPDATE:
-        the same locks in the same order, the same checks against the locked
-        rows, the same ``StaleAccounts`` — and when one account fails a check,
-        no account is written."""
+        The two statements go in one round trip (a pipeline) instead of a
+        locking read of whole rows and an UPDATE: the same locks in the same
+        order, the same checks against the locked rows, the same
+        ``StaleAccounts`` — and when one account fails a check, no account is
+        written. Two statements, not one: see ``_LOCK_ACCOUNTS_SQL``."""
         ids = sorted(self._changed_accounts)
         d_balance, d_held, d_version = zip(*(self._changes(aid) for aid in ids), strict=True)
         mine = [self.accounts[aid] for aid in ids]
-        with binary_cursor() as cursor:
+        with (
+            connection.wrap_database_errors,
+            binary_cursor() as cursor,
+            connection.connection.pipeline(),
+        ):
+            cursor.execute(_LOCK_ACCOUNTS_SQL, [ids])
             cursor.execute(
                 _APPLY_BALANCES_SQL,
                 [
@@ -508,9 +516,28 @@ class LedgerBatch:
         self._changed_accounts = set()
 
 
-# flush_balances on PostgreSQL, one statement. ``locked`` takes the row locks in
-# ascending id order (as ``lock_accounts``: concurrent batches wait instead of
-# deadlocking) and, under READ COMMITTED, reads the latest committed rows;
+# flush_balances on PostgreSQL, first statement: the row locks, in ascending id
+# order (as ``lock_accounts``: concurrent batches wait instead of deadlocking).
+# A statement of its own so that the next one's snapshot, taken after these
+# locks, sees the version of each row this transaction locked. When lock and
+# UPDATE were one statement (until session 13), the UPDATE worked from the
+# statement's snapshot: for a row updated by a transaction that committed
+# after that snapshot and before the lock, it started from the old version.
+# If that version's xmax was a multixact with a live key-share member (another
+# transaction's foreign-key check), PostgreSQL counted it as still being
+# modified and took the old version's tuple lock before moving on to the new
+# one — a lock that a third transaction, queued on that version and waiting
+# for this one's lock on the new version, already held: ``deadlock detected``
+# (once in ~400,000 payments in a capacity run, a schedule request answered
+# 503; in 3 runs of 4 of tests/payments/engine/test_lock_contention.py).
+_LOCK_ACCOUNTS_SQL = """
+SELECT id FROM ledger_account WHERE id = ANY(%b::bigint[]) ORDER BY id FOR NO KEY UPDATE
+"""
+
+# flush_balances on PostgreSQL, second statement. ``locked`` reads the rows
+# the first statement locked (its lock clause finds them locked by this
+# transaction already, and keeps the statement safe on its own) — the latest
+# committed versions;
 # ``checked`` re-checks what the batch's operations relied on against them
 # (status and overdraft rule unchanged; funds, where the batch lowers them);
 # ``applied`` adds the batch's changes to the locked rows only if every account

@@ -112,12 +112,12 @@ def test_money_moved_meanwhile_on_both_accounts_is_kept(monkeypatch):
 
 def account_statements(queries):
     """What each statement on ledger_account was: a read, a LOCK, an UPDATE or
-    flush_balances' LOCK+UPDATE (lock, check and write in one statement)."""
+    flush_balances' LOCK+UPDATE (check and write, after its LOCK)."""
     kinds = []
     for sql in (q["sql"] for q in queries.captured_queries):
         if sql.lstrip().startswith("WITH") and "UPDATE ledger_account" in sql:
             kinds.append("LOCK+UPDATE")
-        elif sql.startswith('SELECT "ledger_account"'):
+        elif sql.startswith('SELECT "ledger_account"') or "FROM ledger_account" in sql:
             kinds.append("LOCK" if "FOR NO KEY UPDATE" in sql else "SELECT")
         elif sql.startswith('UPDATE "ledger_account"'):
             kinds.append("UPDATE")
@@ -152,7 +152,7 @@ def test_an_account_frozen_meanwhile_fails_its_payments_as_if_locked_first(
     ]
     # read, then lock last (stale: nothing written); the run again: lock first,
     # then the UPDATE
-    assert account_statements(queries) == ["SELECT", "LOCK+UPDATE", "LOCK", "UPDATE"]
+    assert account_statements(queries) == ["SELECT", "LOCK", "LOCK+UPDATE", "LOCK", "UPDATE"]
     assert sorted(result.failed) == sorted(pid for pid, _ in items[:2])
     assert result.failure_codes == ["account_not_active", "account_not_active"]
     assert result.completed == [items[2][0]]
@@ -179,7 +179,7 @@ def test_a_failing_payment_does_not_lock_its_accounts_early():
     with CaptureQueriesContext(connection) as queries:
         result = executor.execute_chunk(items)
     assert result.failure_codes == ["account_not_active", "account_not_active"]
-    assert account_statements(queries) == ["SELECT", "LOCK+UPDATE"]
+    assert account_statements(queries) == ["SELECT", "LOCK", "LOCK+UPDATE"]
     assert Account.objects.get(pk=source).held == 0
     assert reconcile().ok
 
@@ -212,11 +212,13 @@ def test_a_schedule_locks_its_source_after_writing_hold_payment_and_event():
     assert response.status_code == 201, response.json()
     sent = [q["sql"] for q in queries.captured_queries]
     lock = next(i for i, sql in enumerate(sent) if "FOR NO KEY UPDATE" in sql)
-    # lock, check and write the source in one statement (ledger.services), then COMMIT
-    assert "FROM ledger_account" in sent[lock] and "UPDATE ledger_account" in sent[lock]
+    # lock the source, then check and write it (ledger.services: one round trip,
+    # two statements), then COMMIT
+    assert "FROM ledger_account" in sent[lock] and "UPDATE ledger_account" not in sent[lock]
+    assert "UPDATE ledger_account" in sent[lock + 1]
     written = [sql.split('"')[1] for sql in sent[:lock] if sql.startswith("INSERT")]
     assert written == ["ledger_hold", "payments_payment", "payments_paymentevent"]
-    assert sent[lock + 1 :] == ["COMMIT"]
+    assert sent[lock + 2 :] == ["COMMIT"]
     # before it, one read of source, destination and database clock together
     reads = [sql for sql in sent[:lock] if "ledger_account" in sql or "clock_timestamp" in sql]
     assert len(reads) == 1 and "clock_timestamp()" in reads[0], reads
