@@ -72,7 +72,10 @@ class Service:
         command = [sys.executable, "-m", "celery", "-A", "scheduler_project"]
         if nice:
             command = ["nice", "-n", str(nice), *command]
-        return self.start(role, [*command, *args, "-l", "WARNING"])
+        # celery's -l sets the level of its workers' root logger (it takes the
+        # logging over), so the service's LOG_LEVEL goes here as the Procfile's
+        # --loglevel does
+        return self.start(role, [*command, *args, "-l", self.env["LOG_LEVEL"]])
 
     def worker(
         self,
