@@ -36,6 +36,7 @@ are one-operation batches, each in its own transaction.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -45,7 +46,14 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from .db import binary_cursor, bulk_insert_rows, bulk_update_rows
+from .db import (
+    binary_cursor,
+    bulk_insert_rows,
+    bulk_update_rows,
+    instances,
+    pipelined,
+    select_list,
+)
 from .exceptions import (
     AccountNotActive,
     AccountNotFound,
@@ -130,6 +138,69 @@ def lock_accounts(account_ids: Iterable[int]) -> dict[int, Account]:
     }
 
 
+def _read_or_lock(account_ids: Iterable[int], *, lock: bool) -> dict[int, Account]:
+    return (lock_accounts if lock else read_accounts)(account_ids)
+
+
+# LedgerBatch's reads on PostgreSQL, sent in one round trip (a pipeline) as
+# statements of their own rather than three compiled querysets: the accounts
+# (read, or locked in id order), then the holds (locked in id order: after the
+# accounts, as the lock order wants), then which references are taken.
+_BATCH_ACCOUNTS_SQL = 'SELECT {columns} FROM "ledger_account" WHERE id = ANY(%b::bigint[])'
+_BATCH_LOCK_ACCOUNTS_SQL = _BATCH_ACCOUNTS_SQL + " ORDER BY id FOR NO KEY UPDATE"
+_BATCH_LOCK_HOLDS_SQL = (
+    'SELECT {columns} FROM "ledger_hold" WHERE id = ANY(%b::bigint[]) ORDER BY id FOR NO KEY UPDATE'
+)
+_BATCH_TAKEN_REFERENCES_SQL = (
+    'SELECT reference FROM "ledger_journalentry" WHERE reference = ANY(%b::text[])'
+)
+_ALL_ACCOUNT_FIELDS = frozenset(f.attname for f in Account._meta.concrete_fields)
+_ALL_HOLD_FIELDS = frozenset(f.attname for f in Hold._meta.concrete_fields)
+
+
+def _read_batch(
+    *,
+    account_ids: Iterable[int] | None,
+    lock_accounts: bool,
+    hold_ids: list[int],
+    references: list[str],
+) -> tuple[dict[int, Account] | None, dict[int, Hold], set[str]]:
+    """What a ``LedgerBatch`` reads before its operations (PostgreSQL): the
+    accounts (None without ``account_ids``; locked with ``lock_accounts``, else
+    the ``BATCH_ACCOUNT_FIELDS`` read unlocked), the holds locked, and the
+    references already posted — the same rows and locks, in the same order, as
+    ``lock_accounts``/``read_accounts`` and the two querysets of the SQLite form."""
+    account_fields = _ALL_ACCOUNT_FIELDS if lock_accounts else frozenset(BATCH_ACCOUNT_FIELDS)
+    statements = []  # (what, SQL, parameters), in lock order
+    if account_ids is not None:
+        sql = _BATCH_LOCK_ACCOUNTS_SQL if lock_accounts else _BATCH_ACCOUNTS_SQL
+        columns = select_list(Account, account_fields)
+        statements.append(("accounts", sql.format(columns=columns), [sorted(set(account_ids))]))
+    if hold_ids:
+        columns = select_list(Hold, _ALL_HOLD_FIELDS)
+        statements.append(("holds", _BATCH_LOCK_HOLDS_SQL.format(columns=columns), [hold_ids]))
+    if references:
+        statements.append(("references", _BATCH_TAKEN_REFERENCES_SQL, [references]))
+    rows: dict[str, list[tuple]] = {}
+    if statements:
+        with contextlib.ExitStack() as stack:
+            if len(statements) > 1:
+                stack.enter_context(pipelined())
+            sent = []
+            for what, sql, params in statements:
+                cursor = stack.enter_context(binary_cursor())
+                cursor.execute(sql, params)
+                sent.append((what, cursor))
+            rows = {what: cursor.fetchall() for what, cursor in sent}
+    accounts = (
+        {a.pk: a for a in instances(Account, account_fields, rows["accounts"])}
+        if account_ids is not None
+        else None
+    )
+    holds = {h.pk: h for h in instances(Hold, _ALL_HOLD_FIELDS, rows.get("holds", ()))}
+    return accounts, holds, {r for (r,) in rows.get("references", ())}
+
+
 @dataclass(frozen=True)
 class Leg:
     account_id: int
@@ -161,41 +232,50 @@ class LedgerBatch:
         read: dict[int, Account] | None = None,
     ) -> None:
         self._lock_last = lock_accounts_last
-        if read is not None and lock_accounts_last:
-            # the caller read them, unlocked, in a query of its own (a schedule
-            # request reads the destination and the clock in the same one);
-            # locked first, a batch always reads them itself
-            self.accounts = {aid: read[aid] for aid in set(account_ids) if aid in read}
+        hold_ids = sorted(set(hold_ids))
+        references = list(references)
+        given = read is not None and lock_accounts_last
+        if connection.vendor == "postgresql":
+            accounts, self.holds, self._taken_references = _read_batch(
+                account_ids=None if given else account_ids,
+                lock_accounts=not lock_accounts_last,
+                hold_ids=hold_ids,
+                references=references,
+            )
         else:
-            self.accounts = (read_accounts if lock_accounts_last else lock_accounts)(account_ids)
+            accounts = None if given else _read_or_lock(account_ids, lock=not lock_accounts_last)
+            self.holds = (
+                {
+                    h.pk: h
+                    for h in Hold.objects.filter(pk__in=hold_ids)
+                    .order_by("pk")
+                    .select_for_update(no_key=True)
+                }
+                if hold_ids
+                else {}
+            )
+            self._taken_references = (
+                set(
+                    JournalEntry.objects.filter(reference__in=references).values_list(
+                        "reference", flat=True
+                    )
+                )
+                if references
+                else set()
+            )
+        # the caller read them, unlocked, in a query of its own (a schedule
+        # request reads the destination and the clock in the same one);
+        # locked first, a batch always reads them itself
+        self.accounts = (
+            {aid: read[aid] for aid in set(account_ids) if aid in read} if given else accounts
+        )
         # what was read, for flush_balances to carry the batch's changes onto the locked rows
         self._read = (
             {aid: (a.balance, a.held, a.version) for aid, a in self.accounts.items()}
             if lock_accounts_last
             else {}
         )
-        hold_ids = sorted(set(hold_ids))
-        self.holds: dict[int, Hold] = (
-            {
-                h.pk: h
-                for h in Hold.objects.filter(pk__in=hold_ids)
-                .order_by("pk")
-                .select_for_update(no_key=True)
-            }
-            if hold_ids
-            else {}
-        )
-        references = list(references)
         self._checked_references: set[str] = set(references)
-        self._taken_references: set[str] = (
-            set(
-                JournalEntry.objects.filter(reference__in=references).values_list(
-                    "reference", flat=True
-                )
-            )
-            if references
-            else set()
-        )
         self._entries: list[JournalEntry] = []
         self._postings: list[Posting] = []
         self._new_holds: list[Hold] = []
@@ -462,11 +542,7 @@ class LedgerBatch:
         ids = sorted(self._changed_accounts)
         d_balance, d_held, d_version = zip(*(self._changes(aid) for aid in ids), strict=True)
         mine = [self.accounts[aid] for aid in ids]
-        with (
-            connection.wrap_database_errors,
-            binary_cursor() as cursor,
-            connection.connection.pipeline(),
-        ):
+        with binary_cursor() as cursor, pipelined():
             cursor.execute(_LOCK_ACCOUNTS_SQL, [ids])
             cursor.execute(
                 _APPLY_BALANCES_SQL,

@@ -17,13 +17,18 @@ SQLite (the embedded default) ignores these clauses: it has one writer at a time
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Collection, Iterable
 from datetime import datetime
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
+from django.db import connection
 
+from ledger.db import binary_cursor, instances, select_list
+
+from .clock import db_now
 from .exceptions import NotFound
 from .models import Payment, PaymentStatus, RecurringPayment, RecurringStatus
 
@@ -32,18 +37,67 @@ from .models import Payment, PaymentStatus, RecurringPayment, RecurringStatus
 EXECUTOR_UNREAD = ("metadata", "run_at", "created_at", "owner")
 
 
-def lock_payments(payment_ids: Iterable[str]) -> list[Payment]:
-    """Lock a chunk's payments in id order (the executor); missing ids are left out.
+@functools.cache
+def _executor_columns() -> frozenset[str]:
+    return frozenset(
+        f.attname for f in Payment._meta.concrete_fields if f.name not in EXECUTOR_UNREAD
+    )
+
+
+# The executor's two locks on PostgreSQL as SQL of their own (the querysets
+# below are the SQLite form): compiling the two querysets took a tenth of a
+# 45-payment chunk's CPU, and the clock costs no round trip of its own here.
+_LOCK_CHUNK_SQL = """
+SELECT clock_timestamp(), {columns}
+  FROM "payments_payment"
+ WHERE id = ANY(%b::uuid[])
+ ORDER BY id
+   FOR NO KEY UPDATE
+"""
+# status as a literal, so the partial index on QUEUED (partition, due_at) is
+# provably usable whatever plan the statement gets
+_LOCK_DUE_QUEUED_SQL = """
+SELECT {columns}
+  FROM "payments_payment"
+ WHERE status = 'QUEUED'
+   AND partition = ANY(%b::integer[])
+   AND due_at <= %b
+   AND lease_expires_at > %b
+   AND attempts = 1
+   AND NOT (id = ANY(%b::uuid[]))
+ ORDER BY due_at
+ LIMIT %b
+   FOR NO KEY UPDATE SKIP LOCKED
+"""
+
+
+def lock_chunk(payment_ids: Iterable[str]) -> tuple[datetime, list[Payment]]:
+    """The database clock, and a chunk's payments locked in id order (the
+    executor); missing ids are left out.
 
     First in the executor's order: payments, then the accounts and holds of
-    all of them (``LedgerBatch``).
+    all of them (``LedgerBatch``). On PostgreSQL one statement: the clock is
+    the first row's ``clock_timestamp()`` (read by itself when no row is
+    found), taken as the rows are locked — any reading within the
+    transaction serves, since a payment runs only if due by it.
     """
-    return list(
-        Payment.objects.select_for_update(no_key=True, of=("self",))
-        .defer(*EXECUTOR_UNREAD)
-        .filter(pk__in=list(payment_ids))
-        .order_by("pk")
-    )
+    ids = list(payment_ids)
+    if connection.vendor != "postgresql":
+        now = db_now()
+        return now, list(
+            Payment.objects.select_for_update(no_key=True, of=("self",))
+            .defer(*EXECUTOR_UNREAD)
+            .filter(pk__in=ids)
+            .order_by("pk")
+        )
+    columns = _executor_columns()
+    sql = _LOCK_CHUNK_SQL.format(columns=select_list(Payment, columns))
+    with binary_cursor() as cursor:
+        cursor.execute(sql, [ids])
+        rows = cursor.fetchall()
+    if not rows:
+        return db_now(), []
+    return rows[0][0], instances(Payment, columns, (row[1:] for row in rows))
 
 
 def lock_due_queued(
@@ -62,6 +116,12 @@ def lock_due_queued(
     it is in must not be carried into other clients' batches claim after
     claim. One range of the partial index on QUEUED ``(partition, due_at)``.
     """
+    if connection.vendor == "postgresql":
+        columns = _executor_columns()
+        sql = _LOCK_DUE_QUEUED_SQL.format(columns=select_list(Payment, columns))
+        with binary_cursor() as cursor:
+            cursor.execute(sql, [list(partitions), now, now, list(exclude), limit])
+            return instances(Payment, columns, cursor.fetchall())
     return list(
         Payment.objects.select_for_update(no_key=True, skip_locked=True, of=("self",))
         .defer(*EXECUTOR_UNREAD)

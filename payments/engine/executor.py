@@ -53,13 +53,12 @@ from datetime import datetime
 from django.conf import settings
 from django.db import transaction
 
-from ledger.db import bulk_insert_rows, bulk_update_rows
+from ledger.db import bulk_insert_rows, bulk_update_rows, pipelined
 from ledger.exceptions import DuplicateReference, LedgerError, StaleAccounts
 from ledger.models import JournalEntry
 from ledger.services import LedgerBatch, locking_accounts_last
 
 from .. import locks, metrics, transitions
-from ..clock import db_now
 from ..models import AttemptOutcome, Payment, PaymentAttempt, PaymentEvent
 
 logger = logging.getLogger(__name__)
@@ -110,39 +109,48 @@ def _ran_stale(exc: StaleAccounts) -> None:
 
 def _execute(items, partitions, worker, *, lock_accounts_last: bool) -> ChunkResult:
     fences = {str(pid): int(fence) for pid, fence in items}
-    result = ChunkResult()
     with transaction.atomic():
-        now = db_now()
-        payments = locks.lock_payments(fences)
-        found = {str(p.pk) for p in payments}
-        result.stale.extend(pid for pid in fences if pid not in found)
-        attempts: list[PaymentAttempt] = []
-        events: list[PaymentEvent] = []
-        due: list[Payment] = []
-        for payment in payments:
-            pid = str(payment.pk)
-            if not transitions.is_current(payment, fences[pid]):
-                result.stale.append(pid)
-                continue
-            if payment.due_at > now:
-                result.not_due.append((pid, payment.fence, payment.due_at))
-                continue
-            due.append(payment)
-        room = settings.PAYMENT_CHUNK_SIZE - len(due)
-        if partitions and room > 0:
-            more = locks.lock_due_queued(partitions, now=now, limit=room, exclude=fences)
-            result.collapsed.extend(str(p.pk) for p in more)
-            due.extend(more)
-        batch = (
-            _run(due, now, worker, result, attempts, events, lock_accounts_last) if due else None
-        )
-        bulk_insert_rows(attempts, read_back=False)
-        bulk_insert_rows(events, read_back=False)
-        if batch is not None:
-            batch.flush_balances()  # the account locks: last, held until COMMIT
+        # One pipeline for the transaction's statements (COMMIT aside, so the
+        # after-commit work runs outside it): a write goes out with the next
+        # read instead of in a round trip of its own — 10 round trips for a
+        # 45-payment chunk with its collapse, 18 without (counted with strace).
+        # Nothing in it may read a row count (see ``pipelined``).
+        with pipelined():
+            result = _statements(fences, partitions, worker, lock_accounts_last)
         transaction.on_commit(lambda: _after_commit(result))
     if result.stale:
         logger.info("skipped %s stale deliveries", len(result.stale), extra={"stale": result.stale})
+    return result
+
+
+def _statements(fences, partitions, worker, lock_accounts_last) -> ChunkResult:
+    """Steps 1 to 6 of the module docstring, in the caller's transaction."""
+    result = ChunkResult()
+    now, payments = locks.lock_chunk(fences)
+    found = {str(p.pk) for p in payments}
+    result.stale.extend(pid for pid in fences if pid not in found)
+    attempts: list[PaymentAttempt] = []
+    events: list[PaymentEvent] = []
+    due: list[Payment] = []
+    for payment in payments:
+        pid = str(payment.pk)
+        if not transitions.is_current(payment, fences[pid]):
+            result.stale.append(pid)
+            continue
+        if payment.due_at > now:
+            result.not_due.append((pid, payment.fence, payment.due_at))
+            continue
+        due.append(payment)
+    room = settings.PAYMENT_CHUNK_SIZE - len(due)
+    if partitions and room > 0:
+        more = locks.lock_due_queued(partitions, now=now, limit=room, exclude=fences)
+        result.collapsed.extend(str(p.pk) for p in more)
+        due.extend(more)
+    batch = _run(due, now, worker, result, attempts, events, lock_accounts_last) if due else None
+    bulk_insert_rows(attempts, read_back=False)
+    bulk_insert_rows(events, read_back=False)
+    if batch is not None:
+        batch.flush_balances()  # the account locks: last, held until COMMIT
     return result
 
 

@@ -22,7 +22,7 @@ from payments.engine import executor
 from payments.models import Payment, PaymentAttempt, PaymentEvent
 from tests.factories import AccountFactory, UserFactory
 from tests.payments.helpers import bulk_schedule, claim_batch, make_due, race_cancel, sweep
-from tests.plans import captured_sql, explain, index_scan
+from tests.plans import explain_call, index_scan
 
 pytestmark = pytest.mark.django_db
 
@@ -283,10 +283,10 @@ def test_the_collapse_reads_one_index_range_not_every_queued_payment(alice):
     due = ids[1000:1003]
     Payment.objects.filter(pk__in=due).update(due_at=db_now() - timedelta(seconds=1))
     with transaction.atomic():
-        sql = captured_sql(
-            lambda: locks.lock_due_queued([partition], now=db_now(), limit=200, exclude=[])
+        plan = explain_call(
+            lambda: locks.lock_due_queued([partition], now=db_now(), limit=200, exclude=[]),
+            "payments_payment",
         )
-        plan = explain(sql, "payments_payment")
     scan = index_scan(plan, "payments_queued_partition_due")
     assert scan is not None, plan
     assert "partition" in scan.get("Index Cond", "") and "due_at" in scan["Index Cond"]

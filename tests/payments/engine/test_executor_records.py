@@ -297,8 +297,7 @@ def test_entry_posted_before_is_recorded_not_posted_again(alice, monkeypatch):
 
 
 CHUNK_STATEMENTS = [
-    ("SELECT", "clock_timestamp"),  # the one clock
-    ("LOCK", "payments_payment"),  # lock the chunk's payments
+    ("LOCK", "payments_payment"),  # lock the chunk's payments, reading the one clock
     ("SELECT", "ledger_account"),  # read the accounts, no lock yet
     ("LOCK", "ledger_hold"),  # lock the holds
     ("SELECT", "ledger_journalentry"),  # references already taken, one lookup
