@@ -188,7 +188,7 @@ def _read_batch(
                 stack.enter_context(pipelined())
             sent = []
             for what, sql, params in statements:
-                cursor = stack.enter_context(binary_cursor())
+                cursor = stack.enter_context(binary_cursor(binary_results=True))
                 cursor.execute(sql, params)
                 sent.append((what, cursor))
             rows = {what: cursor.fetchall() for what, cursor in sent}

@@ -92,7 +92,7 @@ def lock_chunk(payment_ids: Iterable[str]) -> tuple[datetime, list[Payment]]:
         )
     columns = _executor_columns()
     sql = _LOCK_CHUNK_SQL.format(columns=select_list(Payment, columns))
-    with binary_cursor() as cursor:
+    with binary_cursor(binary_results=True) as cursor:
         cursor.execute(sql, [ids])
         rows = cursor.fetchall()
     if not rows:
@@ -119,7 +119,7 @@ def lock_due_queued(
     if connection.vendor == "postgresql":
         columns = _executor_columns()
         sql = _LOCK_DUE_QUEUED_SQL.format(columns=select_list(Payment, columns))
-        with binary_cursor() as cursor:
+        with binary_cursor(binary_results=True) as cursor:
             cursor.execute(sql, [list(partitions), now, now, list(exclude), limit])
             return instances(Payment, columns, cursor.fetchall())
     return list(

@@ -359,6 +359,53 @@ def test_statements_do_not_grow_with_the_chunk(alice, monkeypatch, receiver, sub
         assert WebhookEvent.objects.filter(event_type="payment.completed").count() == 14
 
 
+@pytest.mark.postgres  # PostgreSQL's pipeline mode
+def test_the_chunks_pipeline_holds_no_write_that_reads_a_row_count(
+    chunk, alice, bob, monkeypatch, receiver
+):
+    """The executor sends its statements in one pipeline (``ledger.db.pipelined``),
+    where psycopg reports a row count of -1 until it syncs. So every write in it
+    goes through ``ledger.db``'s server-binding cursor, whose bulk statements
+    never read one — no ORM ``save()``/``update()``/``delete()``, which would
+    mistake -1 for a row. Every kind of item (completed, failed with its hold
+    released, stale, not due, unknown), a collapsed payment, a posted reference
+    and a subscribed endpoint, so each write path of a chunk is sent."""
+    webhooks.endpoint_create(
+        client=alice.user, url=receiver.url, event_types=["payment.completed", "payment.failed"]
+    )
+    (extra,) = schedule(alice, amount=5)
+    ((_, extra_fence),) = claimed(monkeypatch, extra)
+    (posted,) = schedule(alice, amount=7)
+    items = [*chunk["items"], *claimed(monkeypatch, posted)]
+    ledger.transfer_post(  # posted before: the executor finds its entry (DuplicateReference)
+        from_account_id=alice.account.pk,
+        to_account_id=alice.other_account.pk,
+        amount=7,
+        reference=f"payment:{posted}",
+    )
+    sent = []
+
+    def record(execute, sql, params, many, context):
+        in_pipeline = bool(connection.connection.pgconn.pipeline_status)
+        sent.append((sql.split()[0].upper(), type(context["cursor"].cursor).__name__, in_pipeline))
+        return execute(sql, params, many, context)
+
+    partitions = list(Payment.objects.filter(pk=extra).values_list("partition", flat=True))
+    with connection.execute_wrapper(record):
+        result = executor.execute_chunk(items, partitions=partitions, worker=WORKER)
+    assert result.collapsed == [extra] and extra_fence == 1
+    assert sorted(result.completed) == sorted([chunk["described"], chunk["plain"], posted, extra])
+    assert result.failed == [chunk["bad"]]
+    piped = [(verb, kind) for verb, kind, in_pipeline in sent if in_pipeline]
+    writes = {(verb, kind) for verb, kind in piped if verb in ("INSERT", "UPDATE", "DELETE")}
+    assert {verb for verb, _ in writes} == {"INSERT", "UPDATE"}
+    assert {kind for _, kind in writes} == {"ServerBindingCursor"}, writes
+    # every statement of the chunk went through the pipeline (outside it: only the
+    # savepoint the test's own transaction turns the executor's atomic() into)
+    assert {verb for verb, _, in_pipeline in sent if not in_pipeline} <= {"SAVEPOINT", "RELEASE"}
+    assert WebhookEvent.objects.count() == 5  # four completed, one failed: the outbox too
+
+
 def test_webhook_outbox_rows_for_the_source_accounts_owner(chunk, alice, bob, receiver):
     types = ["payment.completed", "payment.failed", "payment.cancelled"]
     webhooks.endpoint_create(client=alice.user, url=receiver.url, event_types=types)
