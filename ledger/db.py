@@ -105,7 +105,7 @@ def binary_cursor(*, binary_results: bool = False) -> Iterator[CursorWrapper]:
     loaders — Django registers a Python loader for text timestamps (parsing
     one cost ~5 µs, four a payment in the executor's reads). For statements
     whose columns are plain values (no JSON: Django expects JSON as text),
-    which ``instances`` checks.
+    which ``select_list`` checks.
     """
     from django.db.backends.postgresql.base import ServerBindingCursor
 
@@ -272,50 +272,42 @@ def bulk_update_rows(objs: Sequence[models.Model], fields: Sequence[str]) -> Non
 
 
 @functools.cache
-def _loaders(model: type[models.Model], attnames: frozenset[str]) -> tuple[str, tuple, tuple]:
-    """(SELECT list, its attribute names, converters per column) for the
-    ``attnames`` of ``model``, in the order of its concrete fields (the order
-    ``Model.from_db`` takes values in): what ``SQLCompiler`` works out for
-    every query, once per model and set of columns."""
+def _columns(model: type[models.Model], attnames: frozenset[str]) -> tuple[str, tuple[str, ...]]:
+    """(SELECT list, attribute names) of ``attnames`` of ``model``, in the
+    order of its concrete fields (the order ``Model.from_db`` takes values
+    in): what ``SQLCompiler`` works out for every query, once per model and
+    set of columns. Only columns whose values psycopg's loaders give as the
+    model stores them: a field with converters (JSON, which Django also
+    expects as text, binary rows parse it) is refused rather than converted
+    here."""
     meta = model._meta
     qn = connection.ops.quote_name
     fields = [f for f in meta.concrete_fields if f.attname in attnames]
-    if any(isinstance(f, models.JSONField) for f in fields):
-        raise ValueError(f"{model.__name__}: JSON columns come back parsed from binary rows")
     if len(fields) != len(attnames):
         unknown = attnames - {f.attname for f in fields}
         raise ValueError(f"{model.__name__} has no column {sorted(unknown)}")
-    converters = []
     for field in fields:
         col = field.get_col(meta.db_table)
-        found = connection.ops.get_db_converters(col) + col.get_db_converters(connection)
-        converters.append((col, tuple(found)))
+        if connection.ops.get_db_converters(col) + col.get_db_converters(connection):
+            raise ValueError(f"{model.__name__}.{field.name} needs a converter")
     select = ", ".join(f"{qn(meta.db_table)}.{qn(f.column)}" for f in fields)
-    return select, tuple(f.attname for f in fields), tuple(converters)
+    return select, tuple(f.attname for f in fields)
 
 
 def select_list(model: type[models.Model], attnames: Collection[str]) -> str:
     """The SELECT list of ``attnames`` (attribute names: ``account_id``, not
     ``account``) of ``model``'s table, table-qualified, in the order
     ``instances`` reads them."""
-    return _loaders(model, frozenset(attnames))[0]
+    return _columns(model, frozenset(attnames))[0]
 
 
 def instances(model: type[models.Model], attnames: Collection[str], rows) -> list:
-    """Model instances from rows whose columns are ``select_list(model,
-    attnames)`` (text or binary rows: no JSON column), built as the ORM
-    builds them (``Model.from_db``: fields not read are deferred, the
-    instances are "in the database") — without compiling a queryset for
-    every query. For hot paths on PostgreSQL, where that compiling showed in
-    the profile; a queryset is the readable form everywhere else."""
-    _, names, converters = _loaders(model, frozenset(attnames))
-    if any(found for _, found in converters):
-        rows = [
-            [
-                functools.reduce(lambda v, conv, col=col: conv(v, col, connection), found, value)
-                for value, (col, found) in zip(row, converters, strict=True)
-            ]
-            for row in rows
-        ]
+    """Model instances from rows (text or binary) whose columns are
+    ``select_list(model, attnames)``, built as the ORM builds them
+    (``Model.from_db``: fields not read are deferred, the instances are "in
+    the database") — without compiling a queryset for every query. For hot
+    paths on PostgreSQL, where that compiling showed in the profile; a
+    queryset is the readable form everywhere else."""
+    names = _columns(model, frozenset(attnames))[1]
     alias = connection.alias
     return [model.from_db(alias, names, row) for row in rows]
