@@ -172,10 +172,11 @@ def _read_batch(
     ``lock_accounts``/``read_accounts`` and the two querysets of the SQLite form."""
     account_fields = _ALL_ACCOUNT_FIELDS if lock_accounts else frozenset(BATCH_ACCOUNT_FIELDS)
     statements = []  # (what, SQL, parameters), in lock order
-    if account_ids is not None:
+    ids = sorted(set(account_ids)) if account_ids is not None else []
+    if ids:  # none: no statement, as Django answers an empty IN
         sql = _BATCH_LOCK_ACCOUNTS_SQL if lock_accounts else _BATCH_ACCOUNTS_SQL
         columns = select_list(Account, account_fields)
-        statements.append(("accounts", sql.format(columns=columns), [sorted(set(account_ids))]))
+        statements.append(("accounts", sql.format(columns=columns), [ids]))
     if hold_ids:
         columns = select_list(Hold, _ALL_HOLD_FIELDS)
         statements.append(("holds", _BATCH_LOCK_HOLDS_SQL.format(columns=columns), [hold_ids]))
@@ -193,7 +194,7 @@ def _read_batch(
                 sent.append((what, cursor))
             rows = {what: cursor.fetchall() for what, cursor in sent}
     accounts = (
-        {a.pk: a for a in instances(Account, account_fields, rows["accounts"])}
+        {a.pk: a for a in instances(Account, account_fields, rows.get("accounts", ()))}
         if account_ids is not None
         else None
     )

@@ -101,6 +101,19 @@ def test_nothing_not_yet_due_and_nothing_of_another_partition_is_collapsed(alice
     assert entries([later, other, gone]) == 0
 
 
+def test_only_a_queued_payment_is_collapsed_whatever_lease_it_still_carries(alice, monkeypatch):
+    """QUEUED under the row lock is what makes a payment runnable (DESIGN §4.1), not
+    its lease: every transition out of QUEUED clears the lease today, but one that
+    forgot to must not let a cancelled or pending payment run."""
+    messages, partition = claimed(alice, 3, monkeypatch)
+    cancelled, pending = messages[1][0][0], messages[2][0][0]
+    Payment.objects.filter(pk=cancelled).update(status="CANCELLED")  # lease left on
+    Payment.objects.filter(pk=pending).update(status="PENDING")
+    outcome = executor.execute_chunk(messages[0], partitions=[partition])
+    assert outcome.completed == [messages[0][0][0]] and outcome.collapsed == []
+    assert entries([cancelled, pending]) == 0
+
+
 def test_a_payment_whose_lease_ran_out_is_left_to_the_reaper(alice, monkeypatch):
     messages, partition = claimed(alice, 2, monkeypatch)
     expired = messages[1][0][0]
