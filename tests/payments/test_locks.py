@@ -10,16 +10,17 @@ without waiting for the lock holder to commit.
 from datetime import timedelta
 
 import pytest
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from ledger.models import Account
 from payments import locks
 from payments.clock import db_now
-from payments.models import Payment, PaymentEvent
-from tests.concurrency import commit_elsewhere
+from payments.exceptions import NotFound
+from payments.models import Payment, PaymentEvent, RecurringPayment, RecurringStatus
+from tests.concurrency import commit_elsewhere, run_in_threads
 from tests.factories import AccountFactory, UserFactory
-from tests.payments.helpers import bulk_schedule, claim_batch
+from tests.payments.helpers import bulk_schedule, claim_batch, make_schedule
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -78,3 +79,103 @@ def test_lock_due_queued_takes_the_payment_rows_only(payment):
         assert locked.pk == payment.pk
         others_go_on(payment)
     assert PaymentEvent.objects.filter(payment=payment, type="note").count() == 1
+
+
+# --- the other rows: schedules, the client, the reaper's claim ----------------------
+
+
+def key_share_nowait(table: str, pk) -> None:
+    """What a foreign-key check of an insert referencing the row takes: ``FOR KEY
+    SHARE``, refused at once (``NOWAIT``) if a conflicting lock is held."""
+    with connection.cursor() as cursor:
+        cursor.execute(f'SELECT 1 FROM "{table}" WHERE id = %s FOR KEY SHARE NOWAIT', [pk])
+        assert cursor.fetchone() == (1,)
+
+
+@pytest.fixture
+def schedule():
+    owner = UserFactory()
+    source = AccountFactory(owner=owner, funded=100).pk
+    return make_schedule(source, AccountFactory().pk, start=db_now() + timedelta(hours=1))
+
+
+def schedule_others_go_on(schedule):
+    """Another transaction references the schedule (an occurrence's insert) and
+    locks its source account: neither waits for the schedule's lock."""
+
+    def work():
+        key_share_nowait("payments_recurringpayment", schedule.pk)
+        Account.objects.select_for_update(nowait=True).get(pk=schedule.from_account_id)
+
+    commit_elsewhere(work, lock_timeout="1s")
+
+
+@pytest.mark.parametrize("as_client", [False, True], ids=["staff", "client"])
+def test_lock_schedule_takes_the_schedule_row_only(schedule, as_client):
+    client = schedule.from_account.owner if as_client else None
+    with transaction.atomic():
+        assert locks.lock_schedule(schedule.pk, client).pk == schedule.pk
+        schedule_others_go_on(schedule)
+
+
+def test_lock_schedule_of_another_client_is_not_found(schedule):
+    with transaction.atomic(), pytest.raises(NotFound) as caught:
+        locks.lock_schedule(schedule.pk, UserFactory())
+    assert caught.value.message == f"Recurring payment {schedule.pk} not found."
+    assert caught.value.details == {"recurring_payment_id": str(schedule.pk)}
+
+
+def test_lock_active_schedule_takes_the_schedule_row_only_with_its_account_read(schedule):
+    with transaction.atomic():
+        locked = locks.lock_active_schedule(schedule.pk)
+        with CaptureQueriesContext(connection) as queries:
+            assert locked.from_account.pk == schedule.from_account_id  # read with it
+        assert len(queries) == 0
+        schedule_others_go_on(schedule)
+
+
+def test_lock_active_schedule_waits_for_a_held_schedule_unless_told_to_skip(schedule):
+    def try_elsewhere(**options):
+        """The materialiser's lock in another transaction, while this test's one
+        holds the schedule; it may wait 300 ms at most."""
+        outcome = []
+
+        def run(_):
+            with transaction.atomic():
+                with connection.cursor() as cursor:
+                    cursor.execute("SET LOCAL lock_timeout = '300ms'")
+                try:
+                    outcome.append(locks.lock_active_schedule(schedule.pk, **options))
+                except OperationalError as exc:  # waited, then timed out
+                    outcome.append(exc)
+
+        assert run_in_threads(run, 1) == []
+        return outcome[0]
+
+    with transaction.atomic():
+        locks.lock_schedule(schedule.pk, None)
+        assert try_elsewhere(skip_locked=True) is None  # left to the holder at once
+        assert isinstance(try_elsewhere(skip_locked=False), OperationalError)
+        assert isinstance(try_elsewhere(), OperationalError)  # the default waits
+
+
+def test_lock_active_schedule_passes_over_a_schedule_that_is_not_active(schedule):
+    RecurringPayment.objects.filter(pk=schedule.pk).update(status=RecurringStatus.PAUSED)
+    with transaction.atomic():
+        assert locks.lock_active_schedule(schedule.pk) is None
+
+
+def test_lock_client_leaves_rows_that_reference_the_client_free():
+    client = UserFactory()
+    with transaction.atomic():
+        locks.lock_client(client)
+        commit_elsewhere(lambda: key_share_nowait(client._meta.db_table, client.pk), "1s")
+
+
+def test_lock_expired_claim_takes_only_a_queued_payment(payment):
+    with transaction.atomic():
+        assert locks.lock_expired_claim(payment.pk) is None  # PENDING: not a claim
+    with transaction.atomic():
+        claim_batch(1, 0.0)
+    with transaction.atomic():
+        assert locks.lock_expired_claim(payment.pk).pk == payment.pk
