@@ -11,7 +11,7 @@ import psutil
 import psycopg
 import redis
 
-out = open(sys.argv[1], "a", buffering=1)
+out = open(sys.argv[1], "a", buffering=1)  # noqa: SIM115 (open until killed)
 admin = psycopg.connect("postgres://postgres@127.0.0.1:5432/postgres", autocommit=True)
 r = {}
 conn = None
@@ -57,9 +57,7 @@ while True:
     if dbname is None:
         dbname = find_db()
         if dbname:
-            conn = psycopg.connect(
-                f"postgres://postgres@127.0.0.1:5432/{dbname}", autocommit=True
-            )
+            conn = psycopg.connect(f"postgres://postgres@127.0.0.1:5432/{dbname}", autocommit=True)
     # CPU per category
     cpu = {}
     for p in psutil.process_iter():
@@ -70,9 +68,9 @@ while True:
             continue
         try:
             ct = proc.cpu_times()
-            cpu[cat] = cpu.get(cat, 0) + ct.user + ct.system + ct.children_user * 0
-        except Exception:
-            pass
+            cpu[cat] = cpu.get(cat, 0) + ct.user + ct.system
+        except psutil.Error:  # the process exited
+            continue
     rec["cpu"] = {k: round(v - prev_cpu.get(k, v), 3) for k, v in cpu.items()}
     prev_cpu = {**prev_cpu, **cpu}
     bg = admin.execute(
@@ -124,8 +122,8 @@ while True:
             for key in r[n].scan_iter(count=1000):
                 if r[n].type(key) == b"list":
                     lens[f"{n}:{key.decode()}"] = r[n].llen(key)
-        except Exception:
-            pass
+        except redis.RedisError as exc:
+            rec.setdefault("redis_errors", []).append(repr(exc))
     rec["queues"] = {k: v for k, v in lens.items() if v}
     rec["sample_s"] = round(time.time() - t, 3)
     out.write(json.dumps(rec, default=str) + "\n")
