@@ -1,4 +1,5 @@
 import pytest
+from django.db import connection, transaction
 
 from ledger import services as ledger
 from ledger.exceptions import (
@@ -14,6 +15,7 @@ from ledger.exceptions import (
     SystemAccountProtected,
 )
 from ledger.models import Account, HoldStatus, JournalEntry, Posting
+from tests.concurrency import commit_elsewhere
 from tests.factories import AccountFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
@@ -201,3 +203,75 @@ def test_the_run_again_is_not_retried_a_second_time():
     with pytest.raises(StaleAccounts, match="call 2"):
         ledger.locking_accounts_last(work)
     assert work.calls == [True, False]
+
+
+# --- what a batch reads, and the locks it takes (PostgreSQL's reads: ``_read_batch``) ---
+
+
+@pytest.mark.parametrize("lock_last", [False, True], ids=["locked-first", "read-unlocked"])
+def test_a_batch_reads_whole_accounts_it_locks_and_the_batch_fields_of_those_it_does_not(
+    lock_last,
+):
+    """Locked first, an account is the whole row (a caller may read any column
+    without another query); read unlocked, only ``BATCH_ACCOUNT_FIELDS`` — what
+    ``flush_balances`` checks again under the lock — as ``unlocked_accounts``."""
+    account = AccountFactory(funded=10)
+    with transaction.atomic():
+        batch = ledger.LedgerBatch(account_ids=[account.pk], lock_accounts_last=lock_last)
+        read = batch.accounts[account.pk]
+    every = {f.attname for f in Account._meta.concrete_fields}
+    expected = every - set(ledger.BATCH_ACCOUNT_FIELDS) if lock_last else set()
+    assert read.get_deferred_fields() == expected
+    assert (read.balance, read.owner_id) == (10, account.owner_id)
+
+
+def test_a_batch_of_no_account_still_reads_its_holds_and_references():
+    source, target = AccountFactory(funded=50), AccountFactory()
+    hold = ledger.hold_place(account_id=source.pk, amount=20, reference="hold-ref")
+    ledger.transfer_post(
+        from_account_id=source.pk, to_account_id=target.pk, amount=1, reference="taken"
+    )
+    with transaction.atomic():
+        batch = ledger.LedgerBatch(account_ids=[], hold_ids=[hold.pk], references=["taken", "free"])
+        assert batch.accounts == {}
+        assert list(batch.holds) == [hold.pk]
+        with pytest.raises(DuplicateReference):
+            batch._check_reference("taken")
+        batch._check_reference("free")  # not posted: no error
+
+
+@pytest.mark.postgres
+def test_a_batchs_reads_go_out_in_one_pipeline(monkeypatch):
+    """Accounts, holds and references: one round trip (``ledger.db.pipelined``),
+    not one each; a batch with one read sends it alone."""
+    entered = []
+    real = ledger.pipelined
+
+    def spy():
+        entered.append(True)
+        return real()
+
+    monkeypatch.setattr(ledger, "pipelined", spy)
+    account = AccountFactory(funded=10)
+    with transaction.atomic():
+        ledger.LedgerBatch(account_ids=[account.pk], references=["r"])
+    assert entered == [True]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_lock_accounts_leaves_rows_that_reference_the_account_free():
+    """``FOR NO KEY UPDATE``: while a batch holds an account, another transaction
+    may still insert rows that refer to it (a hold, a posting: their foreign-key
+    checks take ``FOR KEY SHARE``) without waiting for the batch to commit."""
+    account = AccountFactory()
+
+    def reference_it():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                'SELECT 1 FROM "ledger_account" WHERE id = %s FOR KEY SHARE NOWAIT', [account.pk]
+            )
+
+    with transaction.atomic():
+        assert list(ledger.lock_accounts([account.pk])) == [account.pk]
+        commit_elsewhere(reference_it, lock_timeout="1s")
