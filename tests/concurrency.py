@@ -3,7 +3,7 @@
 import threading
 from collections.abc import Callable
 
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 
 
 def run_in_threads(target: Callable[[int], None], count: int, timeout: float = 240) -> list:
@@ -41,3 +41,28 @@ def commit_elsewhere(work: Callable[[], None], lock_timeout: str = "3s") -> None
             work()
 
     assert run_in_threads(run, 1) == []
+
+
+def in_other_connection(statement, params):
+    """Run one statement in a connection of its own; the error's class name or ``None``."""
+    outcome = []
+
+    def run(_):
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(statement, params)
+            outcome.append(None)
+        except OperationalError as exc:
+            outcome.append(type(exc.__cause__).__name__)
+
+    assert run_in_threads(run, 1) == []
+    return outcome[0]
+
+
+def key_share(table, pk):
+    """The lock a foreign-key check takes on the referenced row, without waiting."""
+    return in_other_connection(f"SELECT 1 FROM {table} WHERE id = %s FOR KEY SHARE NOWAIT", [pk])
+
+
+def share(table, pk):
+    return in_other_connection(f"SELECT 1 FROM {table} WHERE id = %s FOR SHARE NOWAIT", [pk])

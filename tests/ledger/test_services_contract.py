@@ -32,7 +32,7 @@ from ledger.exceptions import (
 from ledger.models import Account, Hold, HoldStatus, JournalEntry, Posting
 from ledger.reconciliation import reconcile
 from ledger.services import LedgerBatch, Leg
-from tests.concurrency import commit_elsewhere, run_in_threads
+from tests.concurrency import commit_elsewhere, key_share, run_in_threads, share
 from tests.factories import AccountFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
@@ -713,31 +713,6 @@ def test_one_new_row_takes_its_id_from_its_insert():
 
 
 # --- concurrency (PostgreSQL, real transactions) -----------------------------------
-
-
-def in_other_connection(statement, params):
-    """Run one statement in a connection of its own; the error's class name or ``None``."""
-    outcome = []
-
-    def run(_):
-        try:
-            with connection.cursor() as cursor:
-                cursor.execute(statement, params)
-            outcome.append(None)
-        except OperationalError as exc:
-            outcome.append(type(exc.__cause__).__name__)
-
-    assert run_in_threads(run, 1) == []
-    return outcome[0]
-
-
-def key_share(table, pk):
-    """The lock a foreign-key check takes on the referenced row, without waiting."""
-    return in_other_connection(f"SELECT 1 FROM {table} WHERE id = %s FOR KEY SHARE NOWAIT", [pk])
-
-
-def share(table, pk):
-    return in_other_connection(f"SELECT 1 FROM {table} WHERE id = %s FOR SHARE NOWAIT", [pk])
 
 
 @pytest.mark.postgres

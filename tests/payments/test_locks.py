@@ -18,7 +18,7 @@ from payments import locks
 from payments.clock import db_now
 from payments.exceptions import NotFound
 from payments.models import Payment, PaymentEvent, RecurringPayment, RecurringStatus
-from tests.concurrency import commit_elsewhere, run_in_threads
+from tests.concurrency import commit_elsewhere, key_share
 from tests.factories import AccountFactory, UserFactory
 from tests.payments.helpers import bulk_schedule, claim_batch, make_schedule
 
@@ -84,14 +84,6 @@ def test_lock_due_queued_takes_the_payment_rows_only(payment):
 # --- the other rows: schedules, the client, the reaper's claim ----------------------
 
 
-def key_share_nowait(table: str, pk) -> None:
-    """What a foreign-key check of an insert referencing the row takes: ``FOR KEY
-    SHARE``, refused at once (``NOWAIT``) if a conflicting lock is held."""
-    with connection.cursor() as cursor:
-        cursor.execute(f'SELECT 1 FROM "{table}" WHERE id = %s FOR KEY SHARE NOWAIT', [pk])
-        assert cursor.fetchone() == (1,)
-
-
 @pytest.fixture
 def schedule():
     owner = UserFactory()
@@ -103,11 +95,11 @@ def schedule_others_go_on(schedule):
     """Another transaction references the schedule (an occurrence's insert) and
     locks its source account: neither waits for the schedule's lock."""
 
-    def work():
-        key_share_nowait("payments_recurringpayment", schedule.pk)
-        Account.objects.select_for_update(nowait=True).get(pk=schedule.from_account_id)
-
-    commit_elsewhere(work, lock_timeout="1s")
+    assert key_share("payments_recurringpayment", schedule.pk) is None
+    commit_elsewhere(
+        lambda: Account.objects.select_for_update(nowait=True).get(pk=schedule.from_account_id),
+        lock_timeout="1s",
+    )
 
 
 @pytest.mark.parametrize("as_client", [False, True], ids=["staff", "client"])
@@ -140,16 +132,14 @@ def test_lock_active_schedule_waits_for_a_held_schedule_unless_told_to_skip(sche
         holds the schedule; it may wait 300 ms at most."""
         outcome = []
 
-        def run(_):
-            with transaction.atomic():
-                with connection.cursor() as cursor:
-                    cursor.execute("SET LOCAL lock_timeout = '300ms'")
-                try:
+        def work():
+            try:
+                with transaction.atomic():
                     outcome.append(locks.lock_active_schedule(schedule.pk, **options))
-                except OperationalError as exc:  # waited, then timed out
-                    outcome.append(exc)
+            except OperationalError as exc:  # waited, then timed out
+                outcome.append(exc)
 
-        assert run_in_threads(run, 1) == []
+        commit_elsewhere(work, lock_timeout="300ms")
         return outcome[0]
 
     with transaction.atomic():
@@ -169,7 +159,7 @@ def test_lock_client_leaves_rows_that_reference_the_client_free():
     client = UserFactory()
     with transaction.atomic():
         locks.lock_client(client)
-        commit_elsewhere(lambda: key_share_nowait(client._meta.db_table, client.pk), "1s")
+        assert key_share(client._meta.db_table, client.pk) is None
 
 
 def test_lock_expired_claim_takes_only_a_queued_payment(payment):
