@@ -269,6 +269,12 @@ def parse_args(argv=None):
         help="the Celery ETA peer's steps (default: the same as ours; 'none' skips the peer, "
         "e.g. for a run that only looks for this service's ceiling)",
     )
+    parser.add_argument(
+        "--web-nice",
+        type=int,
+        help="capacity: gunicorn's WEB_NICE (default: gunicorn.conf.py's, 6 — the 1:4 CPU "
+        "weight docker-compose's cpu_shares: 256 gives web; 0: the workers' weight)",
+    )
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--scenario", help=argparse.SUPPRESS)
     parser.add_argument("--scenario-out", help=argparse.SUPPRESS)

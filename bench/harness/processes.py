@@ -55,12 +55,12 @@ class Service:
         self.procs: dict[str, subprocess.Popen] = {}
         LOG_DIR.mkdir(parents=True, exist_ok=True)
 
-    def start(self, role: str, args: list[str]) -> subprocess.Popen:
+    def start(self, role: str, args: list[str], **env: str) -> subprocess.Popen:
         log = open(LOG_DIR / f"{self.name}-{role}.log", "a")  # noqa: SIM115
         proc = subprocess.Popen(
             args,
             cwd=ROOT,
-            env=self.env,
+            env={**self.env, **env},
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # own process group: a kill takes the pool too
@@ -124,20 +124,14 @@ class Service:
             str(LOG_DIR / f"{self.name}-{role}-schedule"),
         )
 
-    def gunicorn(self, port: int, nice: int = 0):
-        """gunicorn as shipped: gunicorn.conf.py (2 workers x 4 threads; WEB_CONCURRENCY,
-        WEB_THREADS in the environment change it)."""
+    def gunicorn(self, port: int, nice: int | None = None):
+        """gunicorn as shipped: gunicorn.conf.py (2 workers x 4 threads at nice 6;
+        WEB_CONCURRENCY, WEB_THREADS, WEB_NICE in the environment change it).
+        ``nice`` sets WEB_NICE for this process; None leaves the shipped default."""
         return self.start(
             "web",
-            [
-                *(["nice", "-n", str(nice)] if nice else []),
-                sys.executable,
-                "-m",
-                "gunicorn",
-                "scheduler_project.wsgi",
-                "-b",
-                f"127.0.0.1:{port}",
-            ],
+            [sys.executable, "-m", "gunicorn", "scheduler_project.wsgi", "-b", f"127.0.0.1:{port}"],
+            **({} if nice is None else {"WEB_NICE": str(nice)}),
         )
 
     def kill(self, role: str, sig: int = signal.SIGKILL) -> None:

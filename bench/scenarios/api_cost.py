@@ -1,7 +1,7 @@
 """API cost in-process: CPU time and queries of a schedule call and a status read.
 
     .venv/bin/python bench/api_cost.py [--n 500] [--profile schedule|schedule_key|status]
-        [--top 25] [--name api-cost]
+        [--top 25] [--name api-cost] [--served]
 
 Recreates ``scheduler_bench_apicost``, creates a client with two funded
 accounts, and sends ``--n`` ``POST /api/v1/payments/schedule``, ``--n`` more
@@ -14,6 +14,15 @@ application's own cost. Reports per request: mean and p50 wall time, CPU time
 (``time.process_time``), and the SQL statements run (each distinct statement
 listed once with its count). ``--profile`` runs cProfile over one kind of
 request and prints the top functions by cumulative CPU time.
+
+``--served`` calls the WSGI application as gunicorn does instead (a WSGI
+environ per request, the response iterated and closed, so Django's
+request_started/request_finished signals run and each request takes its
+connection from the pool and gives it back), with gunicorn.conf.py's
+``DB_POOL=true`` and a ``PROMETHEUS_MULTIPROC_DIR`` as docker-compose sets it:
+the whole cost of a request as served, less gunicorn's own (HTTP parsing,
+sockets, access log) — compared with ``bench/api_latency.py``'s web CPU per
+request, the difference is gunicorn's.
 Writes ``bench/results/<date>-api-cost/report.json``.
 """
 
@@ -25,7 +34,9 @@ import io
 import itertools
 import json
 import pstats
+import shutil
 import sys
+import tempfile
 import time
 from collections import Counter
 from datetime import UTC, datetime
@@ -85,30 +96,108 @@ def main() -> int:
     parser.add_argument("--profile", choices=["schedule", "schedule_key", "status"])
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--name", default="api-cost")
+    parser.add_argument("--served", action="store_true", help="as gunicorn calls it (above)")
     args = parser.parse_args()
 
-    prepare(DATABASE, REDIS_DB, API_THROTTLE_RATE="1000000/s")  # measured, never hit
-    from django.test import Client
+    served = {}
+    if args.served:
+        served = {"DB_POOL": "true", "PROMETHEUS_MULTIPROC_DIR": tempfile.mkdtemp()}
+    try:
+        return run(args, served)
+    finally:
+        if served:
+            shutil.rmtree(served["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)
+
+
+class WsgiClient:
+    """Requests straight into the WSGI application, environ as gunicorn builds it."""
+
+    def __init__(self, authorization: str) -> None:
+        from django.core.wsgi import get_wsgi_application
+
+        self.app = get_wsgi_application()
+        self.authorization = authorization
+
+    def request(self, method: str, path: str, body: bytes = b"", headers=None):
+        environ = {
+            "REQUEST_METHOD": method,
+            "SCRIPT_NAME": "",
+            "PATH_INFO": path,
+            "QUERY_STRING": "",
+            "SERVER_NAME": "127.0.0.1",
+            "SERVER_PORT": "8000",
+            "SERVER_PROTOCOL": "HTTP/1.1",
+            "REMOTE_ADDR": "127.0.0.1",
+            "HTTP_HOST": "127.0.0.1",
+            "HTTP_AUTHORIZATION": self.authorization,
+            "HTTP_CONNECTION": "keep-alive",
+            "wsgi.url_scheme": "http",
+            "wsgi.input": io.BytesIO(body),
+            "wsgi.errors": sys.stderr,
+            "wsgi.version": (1, 0),
+            "wsgi.multithread": True,
+            "wsgi.multiprocess": True,
+            "wsgi.run_once": False,
+        }
+        if body:
+            environ["CONTENT_TYPE"] = "application/json"
+            environ["CONTENT_LENGTH"] = str(len(body))
+        for name, value in (headers or {}).items():
+            environ["HTTP_" + name.upper().replace("-", "_")] = value
+        status = []
+        result = self.app(environ, lambda s, h, exc_info=None: status.append(s))
+        try:
+            content = b"".join(result)
+        finally:
+            result.close()  # request_finished: the connection goes back to the pool
+        return _Response(int(status[0].split()[0]), content)
+
+
+class _Response:
+    def __init__(self, status_code: int, content: bytes) -> None:
+        self.status_code = status_code
+        self.content = content
+
+    def json(self):
+        return json.loads(self.content)
+
+
+class TestClient:
+    """django.test.Client (its handler keeps one connection across requests)."""
+
+    def __init__(self, authorization: str) -> None:
+        from django.test import Client
+
+        self.http = Client(HTTP_AUTHORIZATION=authorization, HTTP_HOST="127.0.0.1")
+
+    def request(self, method: str, path: str, body: bytes = b"", headers=None):
+        if method == "GET":
+            return self.http.get(path, headers=headers)
+        return self.http.post(path, body, content_type="application/json", headers=headers)
+
+
+def run(args, served: dict) -> int:
+    prepare(DATABASE, REDIS_DB, API_THROTTLE_RATE="1000000/s", **served)  # never hit
 
     client_info = create_client("apicost", accounts=2, balance=10**12)
     source, target = client_info["account_ids"]
-    http = Client(HTTP_AUTHORIZATION=f"Bearer {client_info['token']}", HTTP_HOST="127.0.0.1")
+    http = (WsgiClient if served else TestClient)(f"Bearer {client_info['token']}")
     body = json.dumps(
         {"from_account_id": source, "to_account_id": target, "amount": 1, "delay_seconds": 3600}
-    )
+    ).encode()
 
     def schedule():
-        response = http.post("/api/v1/payments/schedule", body, content_type="application/json")
+        response = http.request("POST", "/api/v1/payments/schedule", body)
         assert response.status_code == 201, response.content
         return response
 
     keys = itertools.count()
 
     def schedule_key():
-        response = http.post(
+        response = http.request(
+            "POST",
             "/api/v1/payments/schedule",
             body,
-            content_type="application/json",
             headers={"Idempotency-Key": f"apicost-{next(keys)}"},
         )
         assert response.status_code == 201, response.content
@@ -117,11 +206,11 @@ def main() -> int:
     payment_id = schedule().json()["payment_id"]
 
     def status():
-        response = http.get(f"/api/v1/payments/{payment_id}")
+        response = http.request("GET", f"/api/v1/payments/{payment_id}")
         assert response.status_code == 200, response.content
         return response
 
-    report = {"n": args.n, "at": datetime.now(UTC).isoformat()}
+    report = {"n": args.n, "at": datetime.now(UTC).isoformat(), "served": bool(served)}
     calls = {"schedule": schedule, "schedule_key": schedule_key, "status": status}
     for name, call in calls.items():
         count, shapes = statements(call)

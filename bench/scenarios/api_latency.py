@@ -11,6 +11,11 @@ second and ``--status-rate`` ``GET /api/v1/payments/{id}`` per second, each
 from its own keep-alive connections. Latency is measured per request from the
 moment it was sent to the last byte of the answer; ``late_starts`` counts
 requests sent more than 10 ms behind their slot (the generator falling behind).
+gunicorn runs with ``PROMETHEUS_MULTIPROC_DIR`` set, as docker-compose runs it,
+and after a 5 s warm-up at the same rates the report gives the CPU seconds
+gunicorn (every worker) and PostgreSQL took over the measured window and the
+web CPU per request: the quick A/B for the web tier's cost (``--no-executions``
+leaves PostgreSQL's share to the API alone).
 Writes ``bench/results/<date>-api/api-<timestamp>.json``.
 
 The load generator (``bench.harness.api_load.run_load``) is also what the
@@ -22,11 +27,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
+import tempfile
 from datetime import UTC, datetime
 
 from bench.harness.api_load import create_client, run_load, start_web
 from bench.harness.db import prepare
+from bench.harness.metrics import postgres_cpu, postgres_cpu_since, tree_cpu_seconds
 from bench.harness.processes import Service
 from bench.harness.report import write_report
 
@@ -44,20 +52,35 @@ def main() -> int:
 
     env = prepare(DATABASE, REDIS_DB)
     client = create_client("bench", accounts=20, balance=10**12)
-    with Service(env, "api") as service:
-        base = start_web(service)
-        if not args.no_executions:
-            service.beat()
-            service.timers()
-            service.worker(2)
-        result = run_load(
-            base=base,
-            token=client["token"],
-            account_ids=client["account_ids"],
-            schedule_rate=args.rate,
-            status_rate=args.status_rate,
-            duration=args.duration,
-        )
+    metrics_dir = tempfile.mkdtemp(prefix="bench-api-metrics-")
+    load = {
+        "token": client["token"],
+        "account_ids": client["account_ids"],
+        "schedule_rate": args.rate,
+        "status_rate": args.status_rate,
+    }
+    try:
+        with Service({**env, "PROMETHEUS_MULTIPROC_DIR": metrics_dir}, "api") as service:
+            base = start_web(service)
+            if not args.no_executions:
+                service.beat()
+                service.timers()
+                service.worker(2)
+            run_load(base=base, duration=5, **load)  # warm-up: imports, pools, caches
+            web_pid = service.procs["web"].pid
+            web0, pg0 = tree_cpu_seconds(web_pid), postgres_cpu()
+            result = run_load(base=base, duration=args.duration, **load)
+            web_cpu, pg_cpu = tree_cpu_seconds(web_pid) - web0, postgres_cpu_since(pg0)
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+    requests = result["schedule"]["requests"] + result["status"]["requests"]
+    result["cpu"] = {
+        "web_cpu_seconds": round(web_cpu, 2),
+        "postgres_cpu_seconds": round(pg_cpu, 2),
+        "requests": requests,
+        "web_ms_per_request": round(web_cpu * 1000 / requests, 3) if requests else None,
+        "postgres_ms_per_request": round(pg_cpu * 1000 / requests, 3) if requests else None,
+    }
     from bench.harness.app import Payment
 
     for kind in ("schedule", "status"):

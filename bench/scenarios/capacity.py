@@ -4,15 +4,15 @@ Steady due rates stepped up (default 100, 200, 350, 500, 750, 1000, 1500
 payments/s, each for 120 s; ``--capacity-steps``, ``--capacity-seconds``):
 
 - **this service**, started once for every step (payment worker ``-c N``, the
-  timer worker, beat, gunicorn 2 x 4) with ``PROMETHEUS_MULTIPROC_DIR`` set
-  to a fresh directory. Before each step, while the service is idle, the
-  step's ``rate x seconds`` payments are bulk-inserted due a day out and then
-  re-timed in one UPDATE to fall due evenly at ``rate`` over the step's window
-  ``[T0, T0 + seconds)``: no insert overlaps a measured window. Throughout the
-  window the API takes 50 schedules/s + 100 status reads/s through gunicorn
-  (``run_load``, as in ``steady``). A step is measured from T0 until no
-  payment is open (its own and the API's, whose delays reach 30 s past the
-  window) or ``--timeout``.
+  timer worker, beat, gunicorn 2 x 4 at its shipped nice 6 or ``--web-nice``)
+  with ``PROMETHEUS_MULTIPROC_DIR`` set to a fresh directory. Before each
+  step, while the service is idle, the step's ``rate x seconds`` payments are
+  bulk-inserted due a day out and then re-timed in one UPDATE to fall due
+  evenly at ``rate`` over the step's window ``[T0, T0 + seconds)``: no insert
+  overlaps a measured window. Throughout the window the API takes 50
+  schedules/s + 100 status reads/s through gunicorn (``run_load``, as in
+  ``steady``). A step is measured from T0 until no payment is open (its own
+  and the API's, whose delays reach 30 s past the window) or ``--timeout``.
 - **the peer**, ``peer_tasks.peer_transfer.apply_async(eta=due_at)``: one
   Celery task per payment, same worker concurrency, each step's messages
   published before its T0, due at the same rate. No API load (the peer has
@@ -50,6 +50,8 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+
+import psutil
 
 from bench.harness.api_load import create_client, run_load, start_web
 from bench.harness.checks import exactly_once_check, wait_terminal
@@ -359,14 +361,16 @@ def our_step(ctx: Ours, index: int, rate: float) -> dict:
     }
 
 
-def run_ours(env: dict, steps: list[float], args, sources, targets) -> list[dict]:
+def run_ours(env: dict, steps: list[float], args, sources, targets) -> tuple[list[dict], int]:
+    """Every step of ours, and the nice level gunicorn ran at."""
     metrics_dir = tempfile.mkdtemp(prefix="bench-capacity-metrics-")
     try:
         client = create_client("bench-capacity", accounts=20, balance=10**12)
         service_env = {**env, "PROMETHEUS_MULTIPROC_DIR": metrics_dir}
         with Service(service_env, "capacity") as service:
-            base = start_web(service, port=WEB_PORT)
+            base = start_web(service, port=WEB_PORT, nice=getattr(args, "web_nice", None))
             web_pid = service.procs["web"].pid
+            web_nice = psutil.Process(web_pid).nice()  # what gunicorn.conf.py set
             worker = service.worker(args.concurrency)
             timers = service.timers()
             service.beat()
@@ -399,7 +403,7 @@ def run_ours(env: dict, steps: list[float], args, sources, targets) -> list[dict
                 status_rate=args.api_status_rate,
                 timeout=args.timeout,
             )
-            return stepped(steps, lambda index, rate: our_step(ctx, index, rate))
+            return stepped(steps, lambda index, rate: our_step(ctx, index, rate)), web_nice
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
 
@@ -517,7 +521,7 @@ def run(args) -> dict:
     targets = fund_accounts(ACCOUNTS, 0)
 
     print(f"   this service: steps {steps} payments/s, {args.capacity_seconds:g} s each")
-    ours = run_ours(env, steps, args, sources, targets)
+    ours, web_nice = run_ours(env, steps, args, sources, targets)
     checks = exactly_once_check()  # before the peer: its transfers carry no payment
     peer_steps = steps
     if getattr(args, "capacity_peer_steps", None):
@@ -544,6 +548,7 @@ def run(args) -> dict:
             "stop_after_failing_steps": STOP_AFTER_FAILING_STEPS,
         },
         "api_rates": {"schedule": args.api_schedule_rate, "status": args.api_status_rate},
+        "web_nice": web_nice,
         "capacity_at_slo": capacity,
         "peer_capacity_at_slo": peer_capacity,
         # the highest step run met the SLO: the capacity is at least this
@@ -567,8 +572,8 @@ def run(args) -> dict:
         "checks": checks,
         "notes": [
             "this service: API load (schedule + status through gunicorn) throughout each "
-            f"step, after {WARM_UP_SECONDS:g} s of it as a warm-up before the first; the peer: "
-            "no API load (it has none), worker alone",
+            f"step, after {WARM_UP_SECONDS:g} s of it as a warm-up before the first, gunicorn "
+            f"at nice {web_nice}; the peer: no API load (it has none), worker alone",
             "lateness: the step's own preloaded payments only; CPU per payment: every "
             "payment executed in the step's window (the API's too); PostgreSQL CPU is "
             "every server process on the host (the API's queries included)",

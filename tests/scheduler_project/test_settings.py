@@ -155,6 +155,20 @@ def test_gunicorn_config_turns_the_pool_on_for_web_processes_only():
     assert result.stdout.strip() == "false"
 
 
+NICE_RAISED_BY_CONFIG = (
+    "import os, runpy; before = os.nice(0); runpy.run_path('gunicorn.conf.py'); "
+    "print(os.nice(0) - before)"
+)
+
+
+def test_gunicorn_config_puts_the_web_below_the_workers_cpu_priority():
+    """The web yields the CPU to the payment path on a contended host (WEB_NICE, default 6)."""
+    result = run_django(NICE_RAISED_BY_CONFIG, {})  # no WEB_NICE: the default
+    assert result.stdout.strip() == "6", result.stderr
+    assert run_django(NICE_RAISED_BY_CONFIG, {"WEB_NICE": "0"}).stdout.strip() == "0"
+    assert run_django(NICE_RAISED_BY_CONFIG, {"WEB_NICE": "3"}).stdout.strip() == "3"
+
+
 def test_cache_clear_leaves_the_brokers_keys_alone():
     """The cache shares the broker's Redis database: clear() must not be FLUSHDB."""
     assert settings.CACHES["default"]["BACKEND"] == "scheduler_project.cache.RedisCache"
