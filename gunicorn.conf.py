@@ -9,19 +9,17 @@ import os
 # environment turns it off.
 os.environ.setdefault("DB_POOL", "true")
 
-# CPU priority on a shared host: the web processes run at nice WEB_NICE
-# (default 6), below the timer and payment workers, so when the host's cores
-# are contended a flood of requests slows the API before it delays payments.
-# The master sets it and every worker it forks inherits it; idle CPU is still
-# all the web's to use. docker-compose gives web the same 1:4 weight as
-# cpu_shares. Measured with the capacity scenario (README, "Performance and
-# reliability"): at 1,500 payments/s with the API load, on a host 90 % busy,
-# nice 0 missed the SLO in 2 runs of 2 (p99 16.8 s, 6.9 s: the web's CPU rose
-# for some seconds and took the payment worker's share) and nice 6 met it
-# (p99 0.545 s, schedule / status p95 64 / 20 ms). 0: unchanged.
-WEB_NICE = int(os.environ.get("WEB_NICE", "6"))
-if WEB_NICE:
-    os.nice(WEB_NICE)
+# CPU priority: WEB_NICE (e.g. 6) lowers the web workers' priority below the
+# timer and payment workers', so a flood of requests slows the API before it
+# delays payments. It is set in each worker after the fork (post_fork), never
+# in the master, so a reload (SIGHUP re-reads this file) does not add to it.
+# A nice level acts only against processes of the same scheduling group: with
+# the kernel's autogroups (on by default in desktop and many server kernels)
+# every session is one group, and under systemd or in a container every
+# cgroup is; there it takes the group's weight — docker-compose's
+# cpu_shares: 256 for web, systemd's CPUWeight=, /proc/<pid>/autogroup — to
+# rank the web below the workers (README, "Configuration"). 0: unchanged.
+WEB_NICE = int(os.environ.get("WEB_NICE", "0"))
 
 bind = os.environ.get("GUNICORN_BIND", f"0.0.0.0:{os.environ.get('PORT', '8000')}")
 workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
@@ -32,6 +30,12 @@ workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
 # DB_POOL_MAX_SIZE >= WEB_THREADS: each thread holds a connection per request.
 threads = int(os.environ.get("WEB_THREADS", "4"))
 accesslog = "-"
+
+
+def post_fork(server, worker):
+    """WEB_NICE, in each worker once (above)."""
+    if WEB_NICE:
+        os.nice(WEB_NICE)
 
 
 def child_exit(server, worker):

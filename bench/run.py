@@ -272,8 +272,9 @@ def parse_args(argv=None):
     parser.add_argument(
         "--web-nice",
         type=int,
-        help="capacity: gunicorn's WEB_NICE (default: gunicorn.conf.py's, 6 — the 1:4 CPU "
-        "weight docker-compose's cpu_shares: 256 gives web; 0: the workers' weight)",
+        default=0,
+        help="capacity: gunicorn's CPU weight as a nice level of its session (6: about the 1:4 "
+        "weight docker-compose's cpu_shares: 256 gives web; default 0, the workers' weight)",
     )
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--scenario", help=argparse.SUPPRESS)

@@ -4,7 +4,7 @@ Steady due rates stepped up (default 100, 200, 350, 500, 750, 1000, 1500
 payments/s, each for 120 s; ``--capacity-steps``, ``--capacity-seconds``):
 
 - **this service**, started once for every step (payment worker ``-c N``, the
-  timer worker, beat, gunicorn 2 x 4 at its shipped nice 6 or ``--web-nice``)
+  timer worker, beat, gunicorn 2 x 4 at CPU weight ``--web-nice``, default 0)
   with ``PROMETHEUS_MULTIPROC_DIR`` set to a fresh directory. Before each
   step, while the service is idle, the step's ``rate x seconds`` payments are
   bulk-inserted due a day out and then re-timed in one UPDATE to fall due
@@ -51,8 +51,6 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-import psutil
-
 from bench.harness.api_load import create_client, run_load, start_web
 from bench.harness.checks import exactly_once_check, wait_terminal
 from bench.harness.clock import clock_timestamp, db_now, set_due_at
@@ -69,7 +67,7 @@ from bench.harness.metrics import (
     summarize,
     tree_cpu_seconds,
 )
-from bench.harness.processes import Service
+from bench.harness.processes import Service, cpu_weight
 from bench.scenarios import peers
 
 DATABASE = "scheduler_bench_capacity"
@@ -368,9 +366,9 @@ def run_ours(env: dict, steps: list[float], args, sources, targets) -> tuple[lis
         client = create_client("bench-capacity", accounts=20, balance=10**12)
         service_env = {**env, "PROMETHEUS_MULTIPROC_DIR": metrics_dir}
         with Service(service_env, "capacity") as service:
-            base = start_web(service, port=WEB_PORT, nice=getattr(args, "web_nice", None))
+            base = start_web(service, port=WEB_PORT, nice=getattr(args, "web_nice", 0))
             web_pid = service.procs["web"].pid
-            web_nice = psutil.Process(web_pid).nice()  # what gunicorn.conf.py set
+            web_nice = cpu_weight(web_pid)
             worker = service.worker(args.concurrency)
             timers = service.timers()
             service.beat()
@@ -573,7 +571,8 @@ def run(args) -> dict:
         "notes": [
             "this service: API load (schedule + status through gunicorn) throughout each "
             f"step, after {WARM_UP_SECONDS:g} s of it as a warm-up before the first, gunicorn "
-            f"at nice {web_nice}; the peer: no API load (it has none), worker alone",
+            f"at CPU weight nice {web_nice} (its session's); the peer: no API load (it has "
+            "none), worker alone",
             "lateness: the step's own preloaded payments only; CPU per payment: every "
             "payment executed in the step's window (the API's too); PostgreSQL CPU is "
             "every server process on the host (the API's queries included)",

@@ -16,8 +16,10 @@ the noise DESIGN §8 says must not reach anyone else:
   to them;
 - 24 threads scraping ``/metrics`` back to back.
 
-gunicorn runs at ``--web-nice`` (default 6: the 1:4 CPU weight
-docker-compose gives web; ``WEB_NICE`` in gunicorn.conf.py on other hosts).
+gunicorn runs at CPU weight ``--web-nice`` (default 6: about the 1:4 weight
+docker-compose's cpu_shares gives web), set on its session's autogroup
+(``bench.harness.processes.weigh``; until session 16 a plain ``nice -n``,
+which acted on nothing outside the web's own session).
 Meanwhile the victim, another client, schedules one-off payments through the
 API at ``--victim-rate`` per second, due 2-4 s later. The report gives the
 victim's lateness (``executed_at - due_at``, both stamped by the database
@@ -298,7 +300,7 @@ def markdown(report: dict) -> str:
         "",
         f"Mode: **{'victim alone (baseline)' if report['quiet'] else 'with noise'}**, "
         f"{report['minutes']} min, victim {report['victim_rate']}/s through the API, "
-        f"web at nice {report['web_nice']}.",
+        f"web at CPU weight nice {report['web_nice']} (its session's).",
         "",
         "| victim one-off payments | value |",
         "|---|---|",
