@@ -57,7 +57,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.harness.charts import charts
 from bench.harness.processes import ROOT
-from bench.harness.report import git_revision, machine, results_dir, suite_markdown
+from bench.harness.report import (
+    cpu_probe_ms,
+    git_revision,
+    machine,
+    results_dir,
+    suite_markdown,
+)
 from bench.scenarios import capacity, drain, peers, pglimit, scale, steady
 
 # name -> the function a scenario's own process runs (its result is the report's entry)
@@ -301,12 +307,18 @@ def main() -> int:
     out = results_dir(args.name, date)
     child_argv = without_option(sys.argv[1:], "--only")
     selected = [s.strip() for s in args.only.split(",") if s.strip()]
-    results = {name: run_scenario_subprocess(name, child_argv, out) for name in selected}
+    revision = git_revision()  # now: the code the scenarios start with
+    probes = {"before": cpu_probe_ms()}
+    results = {}
+    for name in selected:
+        results[name] = run_scenario_subprocess(name, child_argv, out)
+        probes[f"after {name}"] = cpu_probe_ms()
     report = {
         "name": args.name,
         "date": date.isoformat(timespec="seconds"),
         "command": "bench/run.py " + " ".join(sys.argv[1:]),
-        "git": git_revision(),
+        "git": revision,
+        "cpu_probe_ms": probes,
         "machine": machine(),
         # service settings differing from the defaults in settings/base.py
         "env_overrides": {

@@ -11,6 +11,7 @@ import json
 import os
 import platform
 import subprocess
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -49,6 +50,21 @@ def git_revision() -> str:
     return subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
     ).stdout.strip()
+
+
+def cpu_probe_ms() -> float:
+    """CPU milliseconds a fixed pure-Python workload takes, the least of 5 tries:
+    the host's speed at that moment. Hosts of the same kind drifted by a third
+    within one session (README, session 16), so a run records it before and
+    after each scenario, and a ratio is only read across a steady probe."""
+    best = float("inf")
+    for _ in range(5):
+        started = time.process_time()
+        counts: dict[int, int] = {}
+        for i in range(300_000):
+            counts[i % 1024] = counts.get(i % 1024, 0) + i * 3
+        best = min(best, time.process_time() - started)
+    return round(best * 1000, 1)
 
 
 def machine() -> dict:
@@ -106,6 +122,13 @@ def suite_markdown(report: dict) -> str:
         ),
         "",
         f"Command: `{report['command']}`",
+        "",
+        "Host speed (CPU ms of a fixed Python workload, lower is faster; "
+        "`cpu_probe_ms`): "
+        + (
+            ", ".join(f"{k} {v}" for k, v in report.get("cpu_probe_ms", {}).items())
+            or "not recorded"
+        ),
         "",
         "Service settings: defaults"
         + "".join(f", {k}={v}" for k, v in report.get("env_overrides", {}).items()),
