@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import pytest
 import time_machine
+from django.core.exceptions import ValidationError
 from django.db import connection, transaction
 from django.utils import timezone
 from rest_framework.test import APIClient
@@ -80,6 +81,16 @@ class TestSemantics:
         assert alice.schedule(headers={"Idempotency-Key": "shared"}).status_code == 201
         response = bob.schedule(headers={"Idempotency-Key": "shared"})
         assert response.status_code == 201 and "Idempotent-Replayed" not in response
+        assert Payment.objects.count() == 2
+
+    def test_a_replay_reads_the_clients_own_key_when_another_used_it_first(self, alice, bob):
+        """The read after a lost insert is scoped to the client: bob's earlier row
+        with the same key is neither replayed to alice nor taken for a reuse."""
+        bobs = bob.schedule(headers={"Idempotency-Key": "shared"})
+        alices = alice.schedule(headers={"Idempotency-Key": "shared"})
+        again = alice.schedule(headers={"Idempotency-Key": "shared"})
+        assert again.status_code == 201 and again["Idempotent-Replayed"] == "true"
+        assert again.json() == alices.json() != bobs.json()
         assert Payment.objects.count() == 2
 
     def test_in_flight_key_is_409(self, alice):
@@ -310,6 +321,27 @@ class TestSemantics:
         # The claim is a saved row: completing it updates that row.
         idempotency_complete(record=claim.record, status=201, body={"ok": True})
         assert IdempotencyKey.objects.get(pk=record.pk).response_body == {"ok": True}
+
+    def test_each_of_a_clients_keys_replays_its_own_response(self, alice):
+        """The read after a lost insert looks up this key, not any of the client's."""
+        first = alice.schedule(amount=100, headers={"Idempotency-Key": "first"})
+        second = alice.schedule(amount=200, headers={"Idempotency-Key": "second"})
+        for key, original in (("second", second), ("first", first)):
+            amount = original.json()["amount"]
+            again = alice.schedule(amount=amount, headers={"Idempotency-Key": key})
+            assert again.status_code == 201 and again["Idempotent-Replayed"] == "true"
+            assert again.json() == original.json()
+        assert Payment.objects.count() == 2
+
+    def test_a_new_claim_passes_the_models_own_validation(self, alice):
+        """The inserted claim is a saved instance: unique (client, key) is not its own clash."""
+        claim = idempotency_begin(client=alice.user, key="valid", fingerprint="f")
+        claim.record.validate_constraints()
+        duplicate = IdempotencyKey(
+            client=alice.user, key="valid", fingerprint="f", status=IdempotencyStatus.IN_FLIGHT
+        )
+        with pytest.raises(ValidationError):
+            duplicate.validate_constraints()
 
     def test_completing_writes_only_the_response(self, alice):
         """Completion must not undo a takeover that happened meanwhile (no blind save)."""
