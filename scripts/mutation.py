@@ -97,7 +97,9 @@ def load_results() -> dict[str, dict[str, int | None]]:
 def save_results(module: str, tests: list[str]) -> None:
     results = load_results()
     codes = json.loads(meta_path(module).read_text())["exit_code_by_key"]
-    survivors = [n for n, code in codes.items() if code in SURVIVED]
+    # "No tests" on PostgreSQL includes the SQLite-only branches (the embedded
+    # default's), which only the SQLite pass reaches: judge those there too.
+    survivors = [n for n, code in codes.items() if code in SURVIVED | NO_TESTS]
     # A test that fails on SQLite without any mutant would "kill" every
     # survivor there: only a selection that passes unmutated can judge them.
     if survivors and _fails_on_sqlite("", tests):
@@ -181,6 +183,8 @@ def score(module: str, equivalent: dict[str, str]) -> Score | None:
                 s.stale.append(name)
         elif code in TIMEOUT:
             s.timeout += 1
+        elif code in NO_TESTS and name in equivalent:  # survived the SQLite pass too
+            s.equivalent.append(name)
         elif code in NO_TESTS:
             s.no_tests += 1
             s.survived.append(name)
