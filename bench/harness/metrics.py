@@ -22,6 +22,11 @@ def summarize(values: list[float], scale: float = 1.0, digits: int = 4) -> dict:
     return out
 
 
+def ms_each(seconds: float, count: int) -> float | None:
+    """``seconds`` (of CPU, say) per item in milliseconds; None for no items."""
+    return round(seconds * 1000 / count, 3) if count else None
+
+
 def cdf(values: list[float], points: int = 200) -> list[float]:
     """``points + 1`` evenly spaced quantiles of ``values`` (for CDF charts)."""
     ordered = sorted(values)

@@ -34,7 +34,7 @@ from datetime import UTC, datetime
 
 from bench.harness.api_load import create_client, run_load, start_web
 from bench.harness.db import prepare
-from bench.harness.metrics import postgres_cpu, postgres_cpu_since, tree_cpu_seconds
+from bench.harness.metrics import ms_each, postgres_cpu, postgres_cpu_since, tree_cpu_seconds
 from bench.harness.processes import Service
 from bench.harness.report import write_report
 
@@ -78,8 +78,8 @@ def main() -> int:
         "web_cpu_seconds": round(web_cpu, 2),
         "postgres_cpu_seconds": round(pg_cpu, 2),
         "requests": requests,
-        "web_ms_per_request": round(web_cpu * 1000 / requests, 3) if requests else None,
-        "postgres_ms_per_request": round(pg_cpu * 1000 / requests, 3) if requests else None,
+        "web_ms_per_request": ms_each(web_cpu, requests),
+        "postgres_ms_per_request": ms_each(pg_cpu, requests),
     }
     from bench.harness.app import Payment
 

@@ -59,6 +59,7 @@ from bench.harness.load import bulk_schedule, fund_accounts
 from bench.harness.metrics import (
     histogram_quantile_bound,
     host_busy_seconds,
+    ms_each,
     multiprocess_histogram,
     own_cpu_seconds,
     percentile,
@@ -121,10 +122,6 @@ def lower_bound(steps: list[dict], capacity: float | None) -> bool:
     return capacity is not None and not any(
         s["rate_per_second"] > capacity and not s.get("skipped") for s in steps
     )
-
-
-def per_payment_ms(cpu_seconds: float, executed: int) -> float | None:
-    return round(cpu_seconds * 1000 / executed, 3) if executed else None
 
 
 def stepped(steps: list[float], run_step) -> list[dict]:
@@ -229,8 +226,8 @@ def cpu_report(used: CpuUsed, executed: int) -> dict:
         "host_busy_cpu_seconds": round(used.host_busy, 1),
         # of every core over the window: near 1.0 the host, not the service, is the limit
         "host_busy_fraction": round(used.host_busy / (used.wall * cores), 3) if used.wall else None,
-        "worker_ms_per_payment": per_payment_ms(used.worker, executed),
-        "postgres_ms_per_payment": per_payment_ms(used.postgres, executed),
+        "worker_ms_per_payment": ms_each(used.worker, executed),
+        "postgres_ms_per_payment": ms_each(used.postgres, executed),
     }
 
 
@@ -464,8 +461,8 @@ def peer_step(index, rate, *, seconds, sources, targets, worker_pid, r, timeout)
             "wall_seconds": round(wall, 1),
             "worker_cpu_seconds": round(worker_cpu, 1),
             "postgres_cpu_seconds": round(pg_cpu, 1),
-            "worker_ms_per_payment": per_payment_ms(worker_cpu, distinct),
-            "postgres_ms_per_payment": per_payment_ms(pg_cpu, distinct),
+            "worker_ms_per_payment": ms_each(worker_cpu, distinct),
+            "postgres_ms_per_payment": ms_each(pg_cpu, distinct),
         },
     }
 
