@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/executor_cost.py [--payments 1000] [--sizes 200,100,20,1]
                                             [--endpoints 10] [--profile 100] [--top 30]
+                                            [--collapse]
 
 Recreates ``scheduler_bench_execcost`` and sets up the noisy-neighbours minute
 in miniature: 10 clients with two funded accounts each; 5 of them have
@@ -14,7 +15,11 @@ broker round trip, no other load — so the numbers are the executor's own
 cost: CPU (``time.process_time``) and SQL statements per payment, and the
 CPU of this process's own PostgreSQL backend (read from the OS, so the
 server's other sessions do not count; its background writers are not
-included). ``--profile SIZE`` runs cProfile
+included). ``--collapse`` hands each chunk its partition, as the sweeper
+does: the first chunk of a partition collapses the partition's due backlog
+into its batch and the later ones find their payments done, as when a worker
+is behind its queue (stale deliveries and collapsed payments are counted).
+``--profile SIZE`` runs cProfile
 over the chunks of that size and prints the top functions by cumulative CPU.
 Writes ``bench/results/<date>-executor-cost/report.json``.
 """
@@ -77,7 +82,7 @@ def _cpu(process) -> float:
     return times.user + times.system
 
 
-def run_size(pairs, payments: int, size: int, profiler=None) -> dict:
+def run_size(pairs, payments: int, size: int, profiler=None, collapse: bool = False) -> dict:
     from django.db import connection, transaction
     from django.test.utils import CaptureQueriesContext
 
@@ -93,16 +98,21 @@ def run_size(pairs, payments: int, size: int, profiler=None) -> dict:
     for claim in claims:
         by_partition.setdefault(claim.partition, []).append((claim.payment_id, claim.fence))
     chunks = [
-        items[i : i + size] for items in by_partition.values() for i in range(0, len(items), size)
+        (partition, items[i : i + size])
+        for partition, items in by_partition.items()
+        for i in range(0, len(items), size)
     ]
     backend = psutil.Process(_backend_pid(connection))
     pg_started = _cpu(backend)
     wall_started, cpu_started = time.perf_counter(), time.process_time()
+    stale = collapsed = 0
     with CaptureQueriesContext(connection) as ctx:
         if profiler:
             profiler.enable()
-        for chunk in chunks:
-            execute_chunk(chunk)
+        for partition, chunk in chunks:
+            result = execute_chunk(chunk, partitions=(partition,) if collapse else ())
+            stale += len(result.stale)
+            collapsed += len(result.collapsed)
         if profiler:
             profiler.disable()
     cpu = time.process_time() - cpu_started
@@ -120,6 +130,9 @@ def run_size(pairs, payments: int, size: int, profiler=None) -> dict:
         "wall_ms_per_payment": round(wall * 1000 / len(claims), 3),
         "postgres_cpu_ms_per_payment": round(pg_cpu * 1000 / len(claims), 3),
         "statements_per_chunk": round(len(ctx.captured_queries) / len(chunks), 1),
+        "collapse": collapse,
+        "stale_deliveries": stale,
+        "collapsed": collapsed,
         "statements": sorted(((c, s) for s, c in shapes.items()), reverse=True)[:12],
     }
 
@@ -131,23 +144,36 @@ def main() -> int:
     parser.add_argument("--endpoints", type=int, default=10)
     parser.add_argument("--profile", type=int, help="chunk size to profile")
     parser.add_argument("--top", type=int, default=30)
+    parser.add_argument(
+        "--collapse",
+        action="store_true",
+        help="hand each chunk its partition, as the sweeper does: the first chunk of a "
+        "partition collapses the partition's due backlog into its batch and the later "
+        "ones find their payments done (a worker behind its queue)",
+    )
     parser.add_argument("--name", default="executor-cost")
     args = parser.parse_args()
 
     prepare(DATABASE, REDIS_DB, LOG_LEVEL="WARNING")
     pairs = setup_clients(args.endpoints)
     run_size(pairs, 200, 100)  # warm-up: imports, connections, statement caches
-    report = {"at": datetime.now(UTC).isoformat(), "endpoints": args.endpoints, "runs": []}
+    report = {
+        "at": datetime.now(UTC).isoformat(),
+        "endpoints": args.endpoints,
+        "collapse": args.collapse,
+        "runs": [],
+    }
     profile_text = ""
     for size in [int(s) for s in args.sizes.split(",")]:
         profiler = cProfile.Profile(time.process_time) if size == args.profile else None
-        row = run_size(pairs, args.payments, size, profiler)
+        row = run_size(pairs, args.payments, size, profiler, collapse=args.collapse)
         report["runs"].append(row)
         print(
             f"chunk {size:>4}: {row['chunks']} chunks, CPU {row['cpu_ms_per_payment']} ms/payment, "
             f"wall {row['wall_ms_per_payment']} ms/payment, "
             f"PostgreSQL {row['postgres_cpu_ms_per_payment']} ms/payment, "
-            f"{row['statements_per_chunk']} statements/chunk"
+            f"{row['statements_per_chunk']} statements/chunk, "
+            f"{row['stale_deliveries']} stale, {row['collapsed']} collapsed"
         )
         if profiler:
             out = io.StringIO()
