@@ -21,6 +21,8 @@ test that kills it, or a line in that table.
 from __future__ import annotations
 
 import argparse
+import difflib
+import hashlib
 import json
 import os
 import re
@@ -140,14 +142,98 @@ def restore_meta(results: dict[str, dict[str, int | None]]) -> None:
 
 def equivalents() -> dict[str, str]:
     """Mutant name → reason, from the table in docs/mutation-testing.md."""
+    return {name: row.reason for name, row in listed_rows().items()}
+
+
+@dataclass(frozen=True)
+class Listed:
+    reason: str
+    mutation: str  # digest of the changed lines the row was checked against
+
+
+ROW = re.compile(r"^\|\s*`([^`]+__mutmut_\d+)`\s*\|(.*)\|\s*`([0-9a-f]*)`\s*\|\s*$")
+
+
+def listed_rows() -> dict[str, Listed]:
+    """The rows of docs/mutation-testing.md: ``| `name` | change | why | `digest` |``."""
     if not EQUIVALENTS.exists():
         return {}
     found = {}
     for line in EQUIVALENTS.read_text().splitlines():
-        m = re.match(r"^\|\s*`([^`]+__mutmut_\d+)`\s*\|(.*)\|\s*$", line)
-        if m:
-            found[m.group(1)] = m.group(2).strip()
+        if m := ROW.match(line):
+            found[m.group(1)] = Listed(m.group(2).strip(), m.group(3))
     return found
+
+
+def changed_lines(diff_text: str) -> list[str]:
+    """The removed and added lines of a mutant's diff, without positions or context."""
+    return [
+        line[0] + line[1:].strip()
+        for line in diff_text.splitlines()
+        if line[:1] in ("-", "+") and not line.startswith(("---", "+++"))
+    ]
+
+
+def digest(lines: list[str]) -> str:
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:10]
+
+
+def module_of(name: str) -> str:
+    """``payments.engine.sweeper.x_f__mutmut_3`` → ``payments/engine/sweeper.py``."""
+    dotted = name.rpartition(".x")[0] if ".x" in name else name
+    for module in test_map():
+        if module.removesuffix(".py").replace("/", ".") == dotted:
+            return module
+    raise KeyError(name)
+
+
+def mutations(module: str) -> dict[str, list[str]]:
+    """Every mutant of ``module`` as mutmut would make it from the source now:
+    qualified name → its changed lines. From the source alone (no ``mutants/``
+    tree, no test run): mutmut numbers a function's mutants in the order it
+    generates them, so a name keeps its meaning only while its function's
+    earlier mutations stay the same."""
+    import libcst as cst
+    from mutmut.mutation.diff_apply import read_mutant_function, read_original_function
+    from mutmut.mutation.file_mutation import mutate_file_contents
+
+    mutated = mutate_file_contents(module, (ROOT / module).read_text())
+    tree = cst.parse_module(mutated.code)  # once: mutmut's own diff parses it per mutant
+
+    def code(function) -> list[str]:
+        return cst.Module([function]).code.strip().split("\n")
+
+    prefix = module.removesuffix(".py").replace("/", ".") + "."
+    found = {}
+    for name in mutated.mutant_names:
+        before = code(read_original_function(tree, name))
+        after = code(read_mutant_function(tree, name))
+        diff = difflib.unified_diff(before, after, lineterm="")
+        found[prefix + name] = changed_lines("\n".join(diff))
+    return found
+
+
+def moved_rows(rows: dict[str, Listed] | None = None) -> dict[str, str]:
+    """Listed rows that no longer name the mutation they were checked against:
+    name → what is wrong. A function's change renumbers its mutants, and a row
+    keyed by number alone would go on excusing whatever mutant took its
+    number — a real gap, once (README, session 16)."""
+    rows = listed_rows() if rows is None else rows
+    by_module: dict[str, list[str]] = {}
+    problems = {}
+    for name in rows:
+        try:
+            by_module.setdefault(module_of(name), []).append(name)
+        except KeyError:
+            problems[name] = "not a mutant of a module in [tool.mutation.tests]"
+    for module, names in by_module.items():
+        now = mutations(module)
+        for name in names:
+            if name not in now:
+                problems[name] = "no such mutant any more"
+            elif digest(now[name]) != rows[name].mutation:
+                problems[name] = "now: " + " / ".join(now[name])
+    return problems
 
 
 @dataclass
@@ -210,7 +296,9 @@ def diff(module: str, name: str) -> str:
 
 
 def report(modules: list[str], *, diffs: bool = False) -> int:
-    equivalent = equivalents()
+    rows = listed_rows()
+    moved = moved_rows(rows)
+    equivalent = {name: row.reason for name, row in rows.items() if name not in moved}
     scores = [s for m in modules if (s := score(m, equivalent))]
     if not scores:
         print("No results yet: run scripts/mutation first.")
@@ -241,7 +329,31 @@ def report(modules: list[str], *, diffs: bool = False) -> int:
             print(f"\n{s.module}: listed as equivalent in {EQUIVALENTS.name} but now killed")
             for name in s.stale:
                 print(f"  {name}")
-    return 1 if failing else 0
+    if moved:
+        print(f"\nrows of {EQUIVALENTS.name} that no longer name the mutation they were checked")
+        print("against (not counted as equivalent; check the mutant, then its row):")
+        for name, problem in sorted(moved.items(), key=lambda kv: _natural(kv[0])):
+            print(f"  {name}: {problem}")
+    return 1 if failing or moved else 0
+
+
+def rows_check() -> int:
+    """``--rows``: every listed row against the mutant its name gives now."""
+    rows = listed_rows()
+    moved = moved_rows(rows)
+    current: dict[str, dict[str, list[str]]] = {}
+    for name in sorted(rows, key=_natural):
+        module = module_of(name)
+        if module not in current:
+            current[module] = mutations(module)
+        lines = current[module].get(name)
+        mark = "MOVED" if name in moved else "ok"
+        stamp = digest(lines) if lines is not None else "-"
+        print(f"{mark:5} `{stamp}` {name}\n      row: {rows[name].reason}")
+        for line in lines or []:
+            print(f"      {line}")
+    print(f"\n{len(rows)} rows, {len(moved)} not naming the mutation they were checked against")
+    return 1 if moved else 0
 
 
 def main() -> int:
@@ -255,11 +367,19 @@ def main() -> int:
         help="mutants tested at once (default: $MUTATION_CHILDREN or 2)",
     )
     parser.add_argument("--diffs", action="store_true", help="show what each survivor changes")
+    parser.add_argument(
+        "--rows",
+        action="store_true",
+        help="check each row of docs/mutation-testing.md against the mutant its name "
+        "gives now (from the source alone: no run needed) and print its digest",
+    )
     parser.add_argument("--run-one", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     os.chdir(ROOT)
     mapping = test_map()
+    if args.rows:
+        return rows_check()
     if args.run_one:
         run_one(args.run_one, mapping[args.run_one], args.max_children)
         return 0

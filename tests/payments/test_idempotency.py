@@ -278,12 +278,20 @@ class TestSemantics:
         """The key's row is inserted by another request and gone again before it
         can be read, twice: the INSERT reports a conflict, the locked read finds
         nothing."""
-        monkeypatch.setattr(idempotency, "_insert_in_flight", lambda record: False)
+        real_insert = idempotency._insert_in_flight
+        attempts = []
+
+        def loses_twice(record):  # a third round would claim the key
+            attempts.append(record.key)
+            return len(attempts) > 2 and real_insert(record)
+
+        monkeypatch.setattr(idempotency, "_insert_in_flight", loses_twice)
         busy = error(
             alice.schedule(headers={"Idempotency-Key": "unlucky"}), 409, "idempotency_key_in_use"
         )
         assert busy["message"] == "A request with this Idempotency-Key is in progress."
         assert busy["details"] == {"key": "unlucky"}
+        assert attempts == ["unlucky", "unlucky"]  # two rounds, then the client retries
         assert Payment.objects.count() == 0 and IdempotencyKey.objects.count() == 0
 
     def test_a_key_released_between_insert_and_read_is_claimed_on_the_second_try(

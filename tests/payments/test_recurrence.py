@@ -114,6 +114,13 @@ def test_cron_starts_at_start_time_inclusive():
     assert upcoming(s, after=None, count=1) == [utc(2026, 5, 1, 9)]
 
 
+def test_no_occurrence_before_a_start_time_with_microseconds():
+    """The API keeps a start time's microseconds: a cron match one microsecond
+    before it is before the start, so the first run is the next day's."""
+    s = spec("0 9 * * *", tz="UTC", start=utc(2026, 5, 1, 9, 0, 0, 1))
+    assert upcoming(s, after=None, count=1) == [utc(2026, 5, 2, 9)]
+
+
 FIELDS = "A cron expression has 5 fields: minute hour day month weekday."
 
 

@@ -8,8 +8,10 @@ from django.utils import timezone
 from ledger import services as ledger
 from ledger.models import Account, JournalEntry
 from ledger.reconciliation import reconcile
+from payments import locks
 from payments.engine import executor, reaper
 from payments.models import Payment, PaymentAttempt
+from tests.payments.engine.timer import _PortableConnection, queued_payment
 from tests.payments.helpers import make_due, sweep
 
 pytestmark = pytest.mark.django_db
@@ -45,6 +47,20 @@ def test_executor_moves_money_once_and_records_history(alice, monkeypatch):
     assert again.completed == [] and sorted(again.stale) == sorted(ids)
     assert balances(alice) == [9_700, 300]
     assert reconcile().ok
+
+
+def test_a_payment_due_at_the_clocks_very_instant_runs(alice, monkeypatch):
+    """Due means due by the database clock, the boundary included: on the ORM
+    path (SQLite's), whose clock can be stopped to the microsecond."""
+    now = timezone.now().replace(microsecond=0)
+    monkeypatch.setattr(locks, "connection", _PortableConnection())
+    monkeypatch.setattr(locks, "db_now", lambda: now)
+    payment = queued_payment(
+        alice.account, alice.other_account, due_at=now, lease_expires_at=now + timedelta(minutes=5)
+    )
+    outcome = executor.execute_chunk([(str(payment.pk), 1)])
+    assert outcome.completed == [str(payment.pk)] and outcome.not_due == []
+    assert Payment.objects.get(pk=payment.pk).executed_at == now
 
 
 def test_old_fence_after_reap_is_fenced_out(alice, monkeypatch):
