@@ -151,7 +151,7 @@ class Listed:
     mutation: str  # digest of the changed lines the row was checked against
 
 
-ROW = re.compile(r"^\|\s*`([^`]+__mutmut_\d+)`\s*\|(.*)\|\s*`([0-9a-f]*)`\s*\|\s*$")
+ROW = re.compile(r"^\|\s*`([^`]+__mutmut_\d+)`\s*\|(.*)\|\s*`([0-9a-f]{10})`\s*\|\s*$")
 
 
 def listed_rows() -> dict[str, Listed]:
@@ -343,6 +343,9 @@ def rows_check() -> int:
     moved = moved_rows(rows)
     current: dict[str, dict[str, list[str]]] = {}
     for name in sorted(rows, key=_natural):
+        if name in moved and moved[name].startswith("not a mutant"):
+            print(f"MOVED - {name}: {moved[name]}")
+            continue
         module = module_of(name)
         if module not in current:
             current[module] = mutations(module)
