@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import functools
 import hashlib
 import json
 import os
@@ -44,6 +45,7 @@ SURVIVED = {0}
 NO_TESTS = {5, 33}
 
 
+@functools.cache  # read once per process: module_of asks it for every listed row
 def test_map() -> dict[str, list[str]]:
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     mapping = pyproject["tool"]["mutation"]["tests"]
@@ -57,9 +59,14 @@ def test_map() -> dict[str, list[str]]:
     return mapping
 
 
+def dotted(module: str) -> str:
+    """A module path as mutmut's mutant names start: ``payments.idempotency``."""
+    return module.removesuffix(".py").replace("/", ".")
+
+
 def pattern(module: str) -> str:
     """mutmut's mutant-name glob for a module path: ``payments.idempotency.*``."""
-    return module.removesuffix(".py").replace("/", ".") + ".*"
+    return dotted(module) + ".*"
 
 
 def run_one(module: str, tests: list[str], max_children: int) -> None:
@@ -140,11 +147,6 @@ def restore_meta(results: dict[str, dict[str, int | None]]) -> None:
         meta.write_text(json.dumps(data, indent=4))
 
 
-def equivalents() -> dict[str, str]:
-    """Mutant name → reason, from the table in docs/mutation-testing.md."""
-    return {name: row.reason for name, row in listed_rows().items()}
-
-
 @dataclass(frozen=True)
 class Listed:
     reason: str
@@ -180,9 +182,9 @@ def digest(lines: list[str]) -> str:
 
 def module_of(name: str) -> str:
     """``payments.engine.sweeper.x_f__mutmut_3`` → ``payments/engine/sweeper.py``."""
-    dotted = name.rpartition(".x")[0] if ".x" in name else name
+    prefix = name.rpartition(".x")[0] if ".x" in name else name
     for module in test_map():
-        if module.removesuffix(".py").replace("/", ".") == dotted:
+        if dotted(module) == prefix:
             return module
     raise KeyError(name)
 
@@ -203,7 +205,7 @@ def mutations(module: str) -> dict[str, list[str]]:
     def code(function) -> list[str]:
         return cst.Module([function]).code.strip().split("\n")
 
-    prefix = module.removesuffix(".py").replace("/", ".") + "."
+    prefix = dotted(module) + "."
     found = {}
     for name in mutated.mutant_names:
         before = code(read_original_function(tree, name))
@@ -213,12 +215,17 @@ def mutations(module: str) -> dict[str, list[str]]:
     return found
 
 
-def moved_rows(rows: dict[str, Listed] | None = None) -> dict[str, str]:
+def moved_rows(
+    rows: dict[str, Listed] | None = None, current: dict[str, dict] | None = None
+) -> dict[str, str]:
     """Listed rows that no longer name the mutation they were checked against:
     name → what is wrong. A function's change renumbers its mutants, and a row
     keyed by number alone would go on excusing whatever mutant took its
-    number — a real gap, once (README, session 16)."""
+    number — a real gap, once (README, session 16). ``current`` (module →
+    ``mutations(module)``) is filled as the modules are made, for a caller
+    that shows them too."""
     rows = listed_rows() if rows is None else rows
+    current = {} if current is None else current
     by_module: dict[str, list[str]] = {}
     problems = {}
     for name in rows:
@@ -227,7 +234,9 @@ def moved_rows(rows: dict[str, Listed] | None = None) -> dict[str, str]:
         except KeyError:
             problems[name] = "not a mutant of a module in [tool.mutation.tests]"
     for module, names in by_module.items():
-        now = mutations(module)
+        if module not in current:
+            current[module] = mutations(module)
+        now = current[module]
         for name in names:
             if name not in now:
                 problems[name] = "no such mutant any more"
@@ -340,16 +349,13 @@ def report(modules: list[str], *, diffs: bool = False) -> int:
 def rows_check() -> int:
     """``--rows``: every listed row against the mutant its name gives now."""
     rows = listed_rows()
-    moved = moved_rows(rows)
     current: dict[str, dict[str, list[str]]] = {}
+    moved = moved_rows(rows, current)  # makes each module's mutants once, for both
     for name in sorted(rows, key=_natural):
         if name in moved and moved[name].startswith("not a mutant"):
             print(f"MOVED - {name}: {moved[name]}")
             continue
-        module = module_of(name)
-        if module not in current:
-            current[module] = mutations(module)
-        lines = current[module].get(name)
+        lines = current[module_of(name)].get(name)
         mark = "MOVED" if name in moved else "ok"
         stamp = digest(lines) if lines is not None else "-"
         print(f"{mark:5} `{stamp}` {name}\n      row: {rows[name].reason}")
