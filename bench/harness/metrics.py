@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 
 # ---------------------------------------------------------------- summaries
 def percentile(sorted_values: list[float], p: float) -> float | None:
@@ -84,21 +86,55 @@ def tree_rss_mb(pid: int) -> float:
 
 
 # ---------------------------------------------------------------- PostgreSQL
-def postgres_cpu() -> dict[int, float]:
-    """CPU seconds used so far by each live PostgreSQL server process (all databases)."""
+@dataclass(frozen=True)
+class PostgresCpu:
+    """CPU seconds used so far by each live PostgreSQL server process (all
+    databases), and by the server processes that have exited (the postmaster's
+    reaped children: backends that closed, autovacuum and parallel workers)."""
+
+    live: dict[int, float]
+    exited: float
+
+
+def postgres_cpu() -> PostgresCpu:
+    """The server's CPU so far (see ``PostgresCpu``)."""
     import psutil
 
-    out = {}
+    live: dict[int, float] = {}
+    exited = 0.0
     for proc in psutil.process_iter(["name", "cpu_times"]):
-        if proc.info["name"] in ("postgres", "postmaster") and proc.info["cpu_times"]:
-            out[proc.pid] = proc.info["cpu_times"].user + proc.info["cpu_times"].system
-    return out
+        times = proc.info["cpu_times"]
+        if proc.info["name"] not in ("postgres", "postmaster") or not times:
+            continue
+        live[proc.pid] = times.user + times.system
+        if _is_postmaster(proc):
+            exited += times.children_user + times.children_system
+    return PostgresCpu(live=live, exited=exited)
 
 
-def postgres_cpu_since(before: dict[int, float]) -> float:
-    """CPU the server's processes used since ``before`` (a backend that exited meanwhile
-    is not counted: the services keep their connections, so that undercounts little)."""
-    return sum(now - before.get(pid, 0.0) for pid, now in postgres_cpu().items())
+def _is_postmaster(proc) -> bool:
+    """The server's parent process: its own parent is not a PostgreSQL process."""
+    import psutil
+
+    try:
+        return proc.parent().name() not in ("postgres", "postmaster")
+    except (psutil.Error, AttributeError):
+        return False
+
+
+def postgres_cpu_since(before: PostgresCpu) -> float:
+    """CPU the server's processes used since ``before``.
+
+    A backend that exited meanwhile is counted too: its CPU moved into the
+    postmaster's reaped-children time, less what it had used by ``before``.
+    (The payment workers reconnect every ``CONN_MAX_AGE`` seconds, so a
+    120 s window sees each of their backends end; counting live processes
+    only left 20-40 s of a capacity step's PostgreSQL CPU out.)
+    """
+    now = postgres_cpu()
+    live = sum(cpu - before.live.get(pid, 0.0) for pid, cpu in now.live.items())
+    gone = sum(cpu for pid, cpu in before.live.items() if pid not in now.live)
+    return live + (now.exited - before.exited) - gone
 
 
 # ---------------------------------------------------------------- Prometheus

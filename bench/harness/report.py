@@ -245,12 +245,13 @@ def suite_markdown(report: dict) -> str:
 
 def _host_busy(cpu: dict) -> str:
     """The host's CPU over the window: busy share of every core, and what the
-    API's gunicorn and the load client (which share the cores) took of it."""
+    API's gunicorn, the load client (which share the cores) and no process the
+    step names (the kernel, Redis, beat...) took of it."""
     if cpu.get("host_busy_fraction") is None:
         return "-"
     return (
         f"{cpu['host_busy_fraction'] * 100:.0f} % ({fmt(cpu['web_cpu_seconds'])}, "
-        f"{fmt(cpu['load_client_cpu_seconds'])})"
+        f"{fmt(cpu['load_client_cpu_seconds'])}, {fmt(cpu.get('other_cpu_seconds'))})"
     )
 
 
@@ -292,7 +293,7 @@ def capacity_markdown(cap: dict) -> list[str]:
         "| due rate (/s) | payments | lateness p50 / p95 / p99 (s) | SLO | schedule p95 (ms) "
         "| status p95 (ms) | worker ms/payment | PostgreSQL ms/payment | executed (API's) "
         "| open at window end / at timeout | sweep interval p99 "
-        "| host CPU busy (web, load client, s) |",
+        "| host CPU busy (web, load client, other, s) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for step in cap["ours"]:

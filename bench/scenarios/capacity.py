@@ -224,6 +224,12 @@ def cpu_report(used: CpuUsed, executed: int) -> dict:
         "web_cpu_seconds": round(used.web, 1),
         "load_client_cpu_seconds": round(used.client, 1),
         "host_busy_cpu_seconds": round(used.host_busy, 1),
+        # the host's busy time no process above accounts for (kernel threads,
+        # Redis, beat, other servers on the host)
+        "other_cpu_seconds": round(
+            used.host_busy - (used.worker + used.timers + used.postgres + used.web + used.client),
+            1,
+        ),
         # of every core over the window: near 1.0 the host, not the service, is the limit
         "host_busy_fraction": round(used.host_busy / (used.wall * cores), 3) if used.wall else None,
         "worker_ms_per_payment": ms_each(used.worker, executed),
