@@ -46,15 +46,27 @@ plants = [
     ),
     (
         "payments/engine/executor.py",
-        "if partitions and room > 0:",
-        "if partitions and room >= 0:",
-        "room >= 0",
+        "limit=settings.PAYMENT_COLLAPSE_LIMIT, exclude",
+        "limit=settings.PAYMENT_COLLAPSE_LIMIT - len(due), exclude",
+        "collapse room shrinks as the chunk fills (the cap before session 18)",
     ),
     (
         "payments/engine/executor.py",
-        "room = settings.PAYMENT_CHUNK_SIZE - len(due)",
-        "room = settings.PAYMENT_CHUNK_SIZE",
-        "room ignores the chunk",
+        "limit=settings.PAYMENT_COLLAPSE_LIMIT, exclude",
+        "limit=settings.PAYMENT_CHUNK_SIZE, exclude",
+        "collapse limit is the chunk size",
+    ),
+    (
+        "payments/engine/executor.py",
+        "    if partitions:  # step 3",
+        "    if partitions and len(due) < settings.PAYMENT_CHUNK_SIZE:  # step 3",
+        "a full chunk collapses nothing",
+    ),
+    (
+        "payments/engine/executor.py",
+        "    if partitions:  # step 3",
+        "    if partitions and due:  # step 3",
+        "a message whose own payments ran collapses nothing",
     ),
     (
         "payments/engine/executor.py",
