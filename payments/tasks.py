@@ -43,11 +43,11 @@ def backoff_seconds(retries: int) -> float:
 
 
 def publish_chunks(chunks: list[sweeper.Chunk], now: datetime) -> int:
-    """One ``execute_chunk`` message per chunk, on the queue of its first
-    partition, with a countdown to the chunk's due time (database clock
-    ``now``); returns how many."""
+    """One ``execute_chunk`` message per chunk, on the queue of one of its
+    partitions (``routing.chunk_partition``), with a countdown
+    to the chunk's due time (database clock ``now``); returns how many."""
     for partitions, eta, claims in chunks:
-        options = {"queue": routing.queue_name(partitions[0])}
+        options = {"queue": routing.queue_name(routing.chunk_partition(claims))}
         if eta > now:
             options["countdown"] = (eta - now).total_seconds()
         execute_chunk.apply_async(
