@@ -1,10 +1,12 @@
 """Targeted mutants of issue 19's collapse, adaptive chunking and claim grid, planted one at a time.
 
     .venv/bin/python scripts/plant_collapse.py   # from a checkout nobody edits (it rewrites files)
+    .venv/bin/python scripts/plant_collapse.py collapse: grid   # only plants whose label has one
 
 Each plant rewrites one guard of ``locks.lock_due_queued``, the executor's
-collapse, ``sweeper.chunk_claims``, the claim grid (``clock``, ``claim_due``,
-``sweeper.work_ahead``) or the sweep task, runs the engine tests
+collapse, ``sweeper.chunk_claims``, ``routing.chunk_partition``, the claim
+grid (``clock``, ``claim_due``, ``sweeper.work_ahead``) or the sweep task,
+runs the engine tests
 against it, restores the file, and prints KILLED (a test failed) or SURVIVED.
 A stop-gap for the full ``scripts/mutation`` runs of these modules (about an
 hour); results in docs/mutation-testing.md.
@@ -12,20 +14,44 @@ hour); results in docs/mutation-testing.md.
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 plants = [
-    ("payments/locks.py", "due_at__lte=now,", "", "collapse: drop the due check"),
-    ("payments/locks.py", "lease_expires_at__gt=now,", "", "collapse: drop the live-lease check"),
+    # The collapse's lock is SQL of its own on PostgreSQL, where these run
+    # (session 14); its ORM form is SQLite's, mutated by scripts/mutation's
+    # SQLite pass. Each plant keeps the statement's parameters.
     (
         "payments/locks.py",
-        "status=PaymentStatus.QUEUED,\n            partition__in",
-        "partition__in",
+        "   AND due_at <= %b\n",
+        "   AND (due_at <= %b OR true)\n",
+        "collapse: drop the due check",
+    ),
+    (
+        "payments/locks.py",
+        "   AND lease_expires_at > %b\n",
+        "   AND (lease_expires_at > %b OR true)\n",
+        "collapse: drop the live-lease check",
+    ),
+    (
+        "payments/locks.py",
+        " WHERE status = 'QUEUED'\n   AND partition",
+        " WHERE status IS NOT NULL\n   AND partition",
         "collapse: drop QUEUED",
     ),
-    ("payments/locks.py", "partition__in=list(partitions),", "", "collapse: any partition"),
-    ("payments/locks.py", "attempts=1,", "", "collapse: payments claimed again too"),
+    (
+        "payments/locks.py",
+        "   AND partition = ANY(%b::integer[])\n",
+        "   AND (partition = ANY(%b::integer[]) OR true)\n",
+        "collapse: any partition",
+    ),
+    (
+        "payments/locks.py",
+        "   AND attempts = 1\n",
+        "   AND attempts >= 1\n",
+        "collapse: payments claimed again too",
+    ),
     (
         "payments/tasks.py",
         "countdown=backoff_seconds(retries), kwargs={})",
@@ -34,14 +60,14 @@ plants = [
     ),
     (
         "payments/locks.py",
-        ".exclude(pk__in=list(exclude))",
-        "",
+        "   AND NOT (id = ANY(%b::uuid[]))\n",
+        "   AND (NOT (id = ANY(%b::uuid[])) OR true)\n",
         "collapse: chunk's own ids not excluded",
     ),
     (
         "payments/locks.py",
-        'order_by("due_at")[:limit]',
-        'order_by("due_at")[: limit + 1]',
+        " LIMIT %b\n   FOR NO KEY UPDATE SKIP LOCKED",
+        " LIMIT %b + 1\n   FOR NO KEY UPDATE SKIP LOCKED",
         "collapse: limit + 1",
     ),
     (
@@ -73,6 +99,12 @@ plants = [
         "result.collapsed.extend(str(p.pk) for p in more)",
         "result.collapsed.extend([])",
         "collapsed not reported",
+    ),
+    (
+        "payments/routing.py",
+        "return claims[pick].partition",
+        "return claims[0].partition",
+        "a chunk goes on its first payment's partition's queue (its lowest)",
     ),
     (
         "payments/clock.py",
@@ -190,7 +222,10 @@ env = {
     "CELERY_BROKER_URL": "redis://127.0.0.1:6379/13",
     "SECRET_KEY": "x",
 }
+chosen = sys.argv[1:]
 for path, old, new, label in plants:
+    if chosen and not any(word in label for word in chosen):
+        continue
     full = Path(ROOT, path)
     src = full.read_text()
     if old not in src:
