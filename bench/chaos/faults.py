@@ -114,8 +114,8 @@ class ChaosService(Service):
         super().__init__(env, name)
         self.groups: set[int] = set()
 
-    def start(self, role: str, args: list[str]) -> subprocess.Popen:
-        proc = super().start(role, _guarded(args))
+    def start(self, role: str, args: list[str], nice: int = 0, **env: str) -> subprocess.Popen:
+        proc = super().start(role, _guarded(args), nice, **env)
         self.groups.add(proc.pid)
         return proc
 
