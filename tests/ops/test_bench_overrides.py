@@ -11,77 +11,88 @@ replaces, by the same name and kind, so the base's own callers still work.
 
 from __future__ import annotations
 
-import importlib
+import ast
 import inspect
-import pkgutil
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ["bench.harness", "bench.chaos", "bench.scenarios"]
 
 
-def bench_modules():
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    for package in PACKAGES:
-        pkg = importlib.import_module(package)
-        yield pkg
-        for info in pkgutil.iter_modules(pkg.__path__):
-            if info.name != "__main__":
-                yield importlib.import_module(f"{package}.{info.name}")
+class Signature:
+    """The parameters of a function definition, read from its source (the
+    bench's modules need its extra's packages to import; the suite has not)."""
+
+    def __init__(self, node: ast.FunctionDef):
+        a = node.args
+        positional = [*a.posonlyargs, *a.args]
+        first_default = len(positional) - len(a.defaults)
+        self.params = {arg.arg: i >= first_default for i, arg in enumerate(positional)}
+        for arg, default in zip(a.kwonlyargs, a.kw_defaults, strict=True):
+            self.params[arg.arg] = default is not None
+        self.var_pos = a.vararg.arg if a.vararg else None
+        self.var_kw = a.kwarg.arg if a.kwarg else None
+
+
+def classes():
+    """Every class defined under bench/: name -> (base names, {method: Signature})."""
+    found = {}
+    for path in sorted((ROOT / "bench").rglob("*.py")):
+        if "results" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef):
+                bases = [
+                    b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases
+                ]
+                methods = {
+                    f.name: Signature(f)
+                    for f in node.body
+                    if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+                }
+                found.setdefault(node.name, []).append((bases, methods))
+    return found
 
 
 def overrides():
-    seen = set()
-    for module in bench_modules():
-        for _, cls in inspect.getmembers(module, inspect.isclass):
-            if not cls.__module__.startswith("bench.") or cls in seen:
-                continue
-            seen.add(cls)
-            for name, method in vars(cls).items():
-                if not inspect.isfunction(method):
-                    continue
-                for base in cls.__mro__[1:]:
-                    replaced = vars(base).get(name)
-                    if inspect.isfunction(replaced) and base.__module__.startswith("bench."):
-                        yield f"{cls.__qualname__}.{name}", method, replaced
-                        break
+    found = classes()
+    for name, definitions in found.items():
+        for bases, methods in definitions:
+            for base in bases:
+                for _, base_methods in found.get(base, []):
+                    for method, signature in methods.items():
+                        if method in base_methods:
+                            yield f"{name}.{method}", signature, base_methods[method]
 
 
-def missing(method, replaced) -> list[str]:
+def missing(method: Signature, replaced: Signature) -> list[str]:
     """Parameters of ``replaced`` a call could pass that ``method`` refuses."""
-    mine = inspect.signature(method).parameters
-    takes_var_kw = any(p.kind is p.VAR_KEYWORD for p in mine.values())
-    takes_var_pos = any(p.kind is p.VAR_POSITIONAL for p in mine.values())
     gaps = []
-    for name, param in inspect.signature(replaced).parameters.items():
-        if param.kind is param.VAR_KEYWORD:
-            if not takes_var_kw:
-                gaps.append(f"**{name}")
-        elif param.kind is param.VAR_POSITIONAL:
-            if not takes_var_pos:
-                gaps.append(f"*{name}")
-        elif name not in mine and not takes_var_kw:
+    for name, optional in replaced.params.items():
+        if name not in method.params and not method.var_kw:
             gaps.append(name)
-        elif (
-            name in mine and param.default is not param.empty and mine[name].default is param.empty
-        ):
+        elif name in method.params and optional and not method.params[name]:
             gaps.append(f"{name} (optional in the base, required here)")
+    if replaced.var_pos and not method.var_pos:
+        gaps.append(f"*{replaced.var_pos}")
+    if replaced.var_kw and not method.var_kw:
+        gaps.append(f"**{replaced.var_kw}")
     return gaps
 
 
+def signature(source: str) -> Signature:
+    return Signature(ast.parse(inspect.cleandoc(source)).body[0])
+
+
 def test_the_checker_sees_the_override_that_broke_the_chaos_command():
-    def base(self, role, args, nice=0, **env): ...
-
-    def before_the_fix(self, role, args): ...
-
-    def after(self, role, args, nice=0, **env): ...
-
+    base = signature("def start(self, role, args, nice=0, **env): ...")
+    before_the_fix = signature("def start(self, role, args): ...")
+    after = signature("def start(self, role, args, nice=0, **env): ...")
     assert missing(before_the_fix, base) == ["nice", "**env"]
     assert missing(after, base) == []
+    required = signature("def start(self, role, args, nice, **env): ...")
+    assert missing(required, base) == ["nice (optional in the base, required here)"]
 
 
 def test_some_overrides_are_found():
