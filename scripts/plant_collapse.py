@@ -102,7 +102,7 @@ plants = [
     ),
     (
         "payments/routing.py",
-        "return claims[pick].partition",
+        "return claims[_spread(claims[0].payment_id, len(claims))].partition",
         "return claims[0].partition",
         "a chunk goes on its first payment's partition's queue (its lowest)",
     ),

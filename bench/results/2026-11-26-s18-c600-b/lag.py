@@ -13,11 +13,16 @@ def pct(values, k):
     return values[min(len(values) - 1, int(k * len(values)))]
 
 
-def main(path, width=15):
+def read_export(path):
+    """The export's rows as (partition, due_at, executed_at, queued_at), and the first due_at."""
     parse = datetime.fromisoformat
     with open(path) as f:
         rows = [(int(p), parse(d), parse(e), parse(q)) for p, d, e, q in csv.reader(f)]
-    t0 = min(r[1] for r in rows)
+    return rows, min(r[1] for r in rows)
+
+
+def main(path, width=15):
+    rows, t0 = read_export(path)
     bins = {}
     for p, due, ex, queued in rows:
         key = (int((due - t0).total_seconds() // width), p // 4)

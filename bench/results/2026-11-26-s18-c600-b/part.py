@@ -3,16 +3,13 @@
 python part.py export.csv A B
 """
 
-import csv
 import sys
-from datetime import datetime
+
+from lag import read_export
 
 
 def main(path, lo, hi):
-    parse = datetime.fromisoformat
-    with open(path) as f:
-        rows = [(int(p), parse(d), parse(e), parse(q)) for p, d, e, q in csv.reader(f)]
-    t0 = min(r[1] for r in rows)
+    rows, t0 = read_export(path)
     per = {}
     for p, due, ex, queued in rows:
         if lo <= (due - t0).total_seconds() < hi:

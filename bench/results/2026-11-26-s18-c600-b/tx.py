@@ -3,18 +3,15 @@
 python tx.py export.csv A B
 """
 
-import csv
 import sys
-from datetime import datetime
+
+from lag import read_export
 
 
 def main(path, lo, hi):
-    parse = datetime.fromisoformat
-    with open(path) as f:
-        rows = [(int(p), parse(d), parse(e)) for p, d, e, _ in csv.reader(f)]
-    t0 = min(r[1] for r in rows)
+    rows, t0 = read_export(path)
     tx = {}
-    for p, due, ex in rows:
+    for p, due, ex, _ in rows:
         tx.setdefault(ex, []).append((p, due))
     out = []
     for ex, items in tx.items():

@@ -172,11 +172,18 @@ def test_a_stale_item_of_the_chunk_is_not_run_by_its_own_collapse(alice, monkeyp
     assert entries([pid]) == 1
 
 
+def backlog(client, n, monkeypatch, settings, *, chunk, limit):
+    """``n`` due payments of ``client`` claimed one message each, with the
+    chunk size and the collapse limit set: their (id, fence) items, oldest
+    claim first, and their partition."""
+    settings.PAYMENT_CHUNK_SIZE = chunk
+    settings.PAYMENT_COLLAPSE_LIMIT = limit
+    messages, partition = claimed(client, n, monkeypatch)
+    return [m[0] for m in messages], partition
+
+
 def test_a_batch_holds_its_chunk_and_at_most_the_collapse_limit_more(alice, monkeypatch, settings):
-    settings.PAYMENT_CHUNK_SIZE = 2
-    settings.PAYMENT_COLLAPSE_LIMIT = 3
-    messages, partition = claimed(alice, 7, monkeypatch)
-    items = [m[0] for m in messages]
+    items, partition = backlog(alice, 7, monkeypatch, settings, chunk=2, limit=3)
     first = executor.execute_chunk(items[:2], partitions=[partition])
     assert len(first.completed) == 5 and len(first.collapsed) == 3
     assert set(pid for pid, _ in items[:2]) <= set(first.completed)
@@ -188,10 +195,7 @@ def test_a_batch_holds_its_chunk_and_at_most_the_collapse_limit_more(alice, monk
 def test_the_limit_is_not_the_chunk_size_and_a_full_chunk_still_takes_it(
     alice, monkeypatch, settings
 ):
-    settings.PAYMENT_CHUNK_SIZE = 2
-    settings.PAYMENT_COLLAPSE_LIMIT = 4
-    messages, partition = claimed(alice, 6, monkeypatch)
-    items = [m[0] for m in messages]
+    items, partition = backlog(alice, 6, monkeypatch, settings, chunk=2, limit=4)
     outcome = executor.execute_chunk(items[:2], partitions=[partition])
     assert sorted(outcome.completed) == sorted(pid for pid, _ in items)
     assert sorted(outcome.collapsed) == sorted(pid for pid, _ in items[2:])
@@ -207,10 +211,7 @@ def test_a_message_whose_own_payments_ran_already_still_runs_the_limit_of_the_ba
     limit's worth of the backlog: capped at one chunk in all, a group whose
     messages carried ~180 payments caught up at a tenth of its arrival rate
     (bench, 2,250/s: 7-15 s late for minutes, the other groups on time)."""
-    settings.PAYMENT_CHUNK_SIZE = 2
-    settings.PAYMENT_COLLAPSE_LIMIT = 3
-    messages, partition = claimed(alice, 8, monkeypatch)
-    items = [m[0] for m in messages]
+    items, partition = backlog(alice, 8, monkeypatch, settings, chunk=2, limit=3)
     for age, (pid, _) in zip(range(20, 12, -1), items, strict=True):  # oldest due first
         Payment.objects.filter(pk=pid).update(due_at=db_now() - timedelta(seconds=age))
     first = executor.execute_chunk(items[:2], partitions=[partition])
@@ -225,10 +226,7 @@ def test_a_message_whose_own_payments_ran_already_still_runs_the_limit_of_the_ba
 def test_an_over_full_chunk_runs_whole_and_still_takes_at_most_the_limit_more(
     alice, monkeypatch, settings
 ):
-    settings.PAYMENT_CHUNK_SIZE = 3
-    settings.PAYMENT_COLLAPSE_LIMIT = 1
-    messages, partition = claimed(alice, 5, monkeypatch)
-    items = [m[0] for m in messages]
+    items, partition = backlog(alice, 5, monkeypatch, settings, chunk=3, limit=1)
     settings.PAYMENT_CHUNK_SIZE = 1  # lowered after the chunk was cut: it is over full
     outcome = executor.execute_chunk(items[:3], partitions=[partition])
     assert len(outcome.completed) == 4 and len(outcome.collapsed) == 1
