@@ -59,6 +59,11 @@ collapsed = Counter(
     "payments_collapsed_total",
     "Due QUEUED payments an executor ran in a batch other than their own message's",
 )
+collapse_quarantined = Counter(
+    "payments_collapse_quarantined_total",
+    "Payments a failed batch had collapsed, kept out of that worker process's collapses "
+    "until their lease ends (one of them may be what broke it)",
+)
 reaped = Counter("payments_reaped_leases_total", "Expired leases", ["outcome"])
 chunk_retries = Counter(
     "payments_chunk_retries_total", "Executor chunk retries by error class", ["error_class"]

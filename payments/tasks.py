@@ -5,12 +5,13 @@ services return what should be sent (claimed chunks, early arrivals, webhook
 events recorded in a transaction) and the functions here send it, after
 commit.
 
-Retry and split policy lives here (DESIGN §4.1): a chunk that hits a
-transient database error is retried with exponential backoff and jitter; after
-``PAYMENT_CHUNK_RETRIES`` it is split in halves, so one poison payment cannot
-hold back the rest. A single payment that keeps failing is left QUEUED: its
-lease expires and the reaper re-claims it, counting attempts, until it is
-dead-lettered.
+Retry and split policy lives here (DESIGN §4.1, ``_chunk_failed``): a chunk
+that hits a transient database error is retried with exponential backoff and
+jitter; after ``PAYMENT_CHUNK_RETRIES`` (at once for any other error) it is
+split in halves, so one poison payment cannot hold back the rest; a batch
+that collapsed others' payments is first retried with its own alone. A single
+payment that keeps failing is left QUEUED: its lease expires and the reaper
+re-claims it, counting attempts, until it is dead-lettered.
 """
 
 from __future__ import annotations
@@ -106,34 +107,8 @@ def execute_chunk(self, items: list[list], partitions: list[int] | None = None) 
         result = executor.execute_chunk(
             [(pid, fence) for pid, fence in items], partitions=partitions or ()
         )
-    except TRANSIENT as exc:
-        metrics.chunk_retries.labels(error_class=type(exc).__name__).inc()
-        retries = self.request.retries
-        if retries < settings.PAYMENT_CHUNK_RETRIES:
-            logger.warning(
-                "chunk of %s failed (%s); retry %s", len(items), type(exc).__name__, retries + 1
-            )
-            # The retry runs only the chunk's own items: if a payment the
-            # collapse took in is what failed, it stays out of this chunk's
-            # way (and of the split below).
-            raise self.retry(exc=exc, countdown=backoff_seconds(retries), kwargs={}) from exc
-        if len(items) > 1:
-            metrics.chunk_splits.inc()
-            half = len(items) // 2
-            # on the queue of the first item's partition
-            partition = selectors.partitions_of([items[0][0]]).get(items[0][0], 0)
-            # The halves run only their own items (no collapse): one of them
-            # holds what kept failing, and the split is to find which.
-            for part in (items[:half], items[half:]):
-                execute_chunk.apply_async(args=[part], queue=routing.queue_name(partition))
-            logger.warning("chunk of %s kept failing; split in two", len(items))
-            return {"split": len(items)}
-        logger.error(
-            "payment %s keeps failing (%s); leaving it to the lease reaper",
-            items[0][0],
-            type(exc).__name__,
-        )
-        return {"gave_up": items[0][0]}
+    except Exception as exc:  # every failure is retried, split or left to the reaper
+        return _chunk_failed(self, items, partitions, exc)
     if result.not_due:
         # Arrived early (publisher or worker clock ahead of the database):
         # re-publish with the remaining time; same fence, still QUEUED.
@@ -143,6 +118,49 @@ def execute_chunk(self, items: list[list], partitions: list[int] | None = None) 
         "failed": len(result.failed),
         "stale": len(result.stale),
     }
+
+
+def _chunk_failed(task, items: list[list], partitions: list[int] | None, exc: Exception) -> dict:
+    """What a chunk does after its batch failed (DESIGN §4.1). Every retry and
+    both halves of a split run only their own items, no collapse.
+
+    - the batch collapsed (``partitions``): retry the chunk's own items — a
+      payment the collapse took in may be what failed (the executor keeps
+      them out of this process's later collapses); after a transient error
+      with backoff, after any other at once;
+    - a transient database error: retry with backoff, ``PAYMENT_CHUNK_RETRIES`` times;
+    - then, or at once for any other error (a payment whose data breaks a
+      statement, or the code): split in halves, so one payment cannot hold
+      back the rest; a single payment that still fails is left QUEUED for the
+      lease reaper, which re-claims it until it is dead-lettered.
+    """
+    transient = isinstance(exc, TRANSIENT)
+    retries = task.request.retries
+    if partitions or (transient and retries < settings.PAYMENT_CHUNK_RETRIES):
+        metrics.chunk_retries.labels(error_class=type(exc).__name__).inc()
+        logger.warning(
+            "chunk of %s failed (%s); retry %s", len(items), type(exc).__name__, retries + 1
+        )
+        countdown = backoff_seconds(retries) if transient else 0
+        raise task.retry(exc=exc, countdown=countdown, kwargs={}) from exc
+    if len(items) > 1:
+        metrics.chunk_splits.inc()
+        half = len(items) // 2
+        # on the queue of the first item's partition
+        partition = selectors.partitions_of([items[0][0]]).get(items[0][0], 0)
+        for part in (items[:half], items[half:]):
+            execute_chunk.apply_async(args=[part], queue=routing.queue_name(partition))
+        logger.warning(
+            "chunk of %s kept failing (%s); split in two", len(items), type(exc).__name__
+        )
+        return {"split": len(items)}
+    logger.error(
+        "payment %s keeps failing (%s); leaving it to the lease reaper",
+        items[0][0],
+        type(exc).__name__,
+        exc_info=not transient,
+    )
+    return {"gave_up": items[0][0]}
 
 
 _last_sweep_started: float | None = None

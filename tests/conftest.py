@@ -8,6 +8,17 @@ if os.environ.get("MUTATION_SESSION"):  # scripts/mutation: one fresh database p
     from tests.mutation_session import django_db_setup  # noqa: F401
 
 
+@pytest.fixture(autouse=True)
+def _empty_collapse_quarantine():
+    """The executor's quarantine is per process (``executor.Quarantine``): a
+    test's failed batch must not keep payments out of the next test's collapses."""
+    from payments.engine import executor
+
+    executor.quarantine.clear()
+    yield
+    executor.quarantine.clear()
+
+
 @pytest.fixture
 def funded_account(db):
     return AccountFactory(funded=10_000)

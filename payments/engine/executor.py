@@ -28,7 +28,13 @@ For a chunk of ``(payment id, fence)`` pairs (and the partitions it holds):
    groups were on time (bench, 2,250/s); at three chunks it catches up at
    about twice its arrival rate. Any QUEUED payment may run this way: QUEUED
    under a row lock is what makes it runnable; the fence only tells a
-   message's own items apart;
+   message's own items apart. A batch that dies of anything but a lost
+   connection or a lock conflict (``NOT_A_PAYMENTS_FAULT``) may have died of
+   one of the payments it collapsed: those stay out of this process's
+   collapses until their lease runs out (``Quarantine``), so a poison
+   payment — the oldest due, taken first by every collapse — costs each
+   worker process one batch, not every batch of its partitions until the
+   reaper takes it (the task retries the chunk's own items alone);
 4. lock the holds, read every involved account (``LedgerBatch`` with
    ``lock_accounts_last``), apply each transfer capturing its hold; a payment
    that breaks a business rule (account frozen, hold gone…) is FAILED with its
@@ -55,12 +61,13 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Collection
+import time
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.conf import settings
-from django.db import transaction
+from django.db import InterfaceError, OperationalError, transaction
 
 from ledger.db import bulk_insert_rows, bulk_update_rows, pipelined
 from ledger.exceptions import DuplicateReference, LedgerError, StaleAccounts
@@ -92,6 +99,47 @@ class ChunkResult:
     transitions: list[dict] = field(default_factory=list)
 
 
+class Quarantine:
+    """Payments a failed batch collapsed, kept out of this process's collapses
+    until their lease runs out (step 3 of the module docstring).
+
+    Which payment broke the batch is not known, so all it took beyond its own
+    chunk are suspects; they lose nothing but the shortcut — each still runs
+    in its own message, whose retries and split find the poison (DESIGN §4.1),
+    and after the lease the collapse would not take them anyway. Not a
+    database fact: per process, and lost with it, which costs at most one
+    more failed batch per process. Capped at ``limit`` ids, oldest dropped.
+    """
+
+    def __init__(self, limit: int = 20_000) -> None:
+        self.limit = limit
+        self._until: dict[str, float] = {}  # payment id -> monotonic expiry, oldest first
+
+    def add(self, payment_ids: Iterable[str], seconds: float) -> None:
+        until = time.monotonic() + seconds
+        for pid in payment_ids:
+            self._until.pop(pid, None)
+            self._until[pid] = until
+        for pid in list(self._until)[: max(0, len(self._until) - self.limit)]:
+            del self._until[pid]
+
+    def ids(self) -> list[str]:
+        now = time.monotonic()
+        for pid in [pid for pid, until in self._until.items() if until <= now]:
+            del self._until[pid]
+        return list(self._until)
+
+    def clear(self) -> None:
+        self._until.clear()
+
+
+quarantine = Quarantine()
+
+# A batch that dies of these did not die of a payment in it: the connection
+# or the host failed, or a lock or serialization conflict with another transaction.
+NOT_A_PAYMENTS_FAULT = (OperationalError, InterfaceError, OSError)
+
+
 def execute_chunk(
     items: list[tuple[str, int]],
     *,
@@ -105,10 +153,23 @@ def execute_chunk(
     own payments run.
     """
     worker = worker or worker_name()
-    return locking_accounts_last(
-        lambda last: _execute(items, partitions, worker, lock_accounts_last=last),
-        on_stale=_ran_stale,
-    )
+    taken: list[str] = []  # what the last try collapsed, in case it dies
+    try:
+        return locking_accounts_last(
+            lambda last: _execute(items, partitions, worker, taken, lock_accounts_last=last),
+            on_stale=_ran_stale,
+        )
+    except Exception as exc:
+        if taken and not isinstance(exc, NOT_A_PAYMENTS_FAULT):
+            quarantine.add(taken, settings.PAYMENT_LEASE_SECONDS)
+            metrics.collapse_quarantined.inc(len(taken))
+            logger.warning(
+                "a batch that collapsed %s payments failed (%s); they run only in their "
+                "own messages until their lease ends",
+                len(taken),
+                type(exc).__name__,
+            )
+        raise
 
 
 def _ran_stale(exc: StaleAccounts) -> None:
@@ -116,7 +177,7 @@ def _ran_stale(exc: StaleAccounts) -> None:
     metrics.stale_account_reads.inc()
 
 
-def _execute(items, partitions, worker, *, lock_accounts_last: bool) -> ChunkResult:
+def _execute(items, partitions, worker, taken, *, lock_accounts_last: bool) -> ChunkResult:
     fences = {str(pid): int(fence) for pid, fence in items}
     with transaction.atomic():
         # One pipeline for the transaction's statements (COMMIT aside, so the
@@ -125,14 +186,14 @@ def _execute(items, partitions, worker, *, lock_accounts_last: bool) -> ChunkRes
         # 45-payment chunk with its collapse, 18 without (counted with strace).
         # Nothing in it may read a row count (see ``pipelined``).
         with pipelined():
-            result = _statements(fences, partitions, worker, lock_accounts_last)
+            result = _statements(fences, partitions, worker, taken, lock_accounts_last)
         transaction.on_commit(lambda: _after_commit(result))
     if result.stale:
         logger.info("skipped %s stale deliveries", len(result.stale), extra={"stale": result.stale})
     return result
 
 
-def _statements(fences, partitions, worker, lock_accounts_last) -> ChunkResult:
+def _statements(fences, partitions, worker, taken, lock_accounts_last) -> ChunkResult:
     """Steps 1 to 6 of the module docstring, in the caller's transaction."""
     result = ChunkResult()
     now, payments = locks.lock_chunk(fences)
@@ -152,9 +213,13 @@ def _statements(fences, partitions, worker, lock_accounts_last) -> ChunkResult:
         due.append(payment)
     if partitions:  # step 3: however full the chunk itself
         more = locks.lock_due_queued(
-            partitions, now=now, limit=settings.PAYMENT_COLLAPSE_LIMIT, exclude=fences
+            partitions,
+            now=now,
+            limit=settings.PAYMENT_COLLAPSE_LIMIT,
+            exclude=[*fences, *quarantine.ids()],
         )
         result.collapsed.extend(str(p.pk) for p in more)
+        taken[:] = result.collapsed
         due.extend(more)
     batch = _run(due, now, worker, result, attempts, events, lock_accounts_last) if due else None
     bulk_insert_rows(attempts, read_back=False)

@@ -98,6 +98,33 @@ def test_transient_errors_retry_then_split_to_isolate_a_poison_payment(monkeypat
     assert tasks.execute_chunk.apply(args=[items[2:]]).result["completed"] == 2
 
 
+@pytest.mark.django_db
+def test_any_other_error_splits_at_once_to_isolate_the_payment_it_comes_from(monkeypatch):
+    """An error that is not the database's passing trouble (the code, or a
+    payment's data) will not go away on a retry: the chunk splits at once
+    rather than wait a lease for the reaper with every good payment in it."""
+    from payments import tasks
+
+    good, poison = str(uuid.uuid4()), str(uuid.uuid4())
+    items = [[good, 1], [poison, 1]]
+    calls, published = [], []
+
+    def broken(chunk, **kwargs):
+        calls.append([pid for pid, _ in chunk])
+        if any(pid == poison for pid, _ in chunk):
+            raise KeyError("a bug one payment's data reaches")
+        return executor.ChunkResult(completed=[pid for pid, _ in chunk])
+
+    monkeypatch.setattr(executor, "execute_chunk", broken)
+    monkeypatch.setattr(
+        tasks.execute_chunk, "apply_async", lambda args, queue, **kw: published.append(args[0])
+    )
+    assert tasks.execute_chunk.apply(args=[items]).result == {"split": 2}
+    assert calls == [[good, poison]] and published == [[items[0]], [items[1]]]
+    assert tasks.execute_chunk.apply(args=[[items[0]]]).result["completed"] == 1
+    assert tasks.execute_chunk.apply(args=[[items[1]]]).result == {"gave_up": poison}
+
+
 @pytest.mark.django_db(transaction=True)
 def test_opposite_schedules_between_two_accounts_do_not_deadlock():
     """Scheduling A→B and B→A at once: each locks only its source account.

@@ -13,7 +13,8 @@ messages that find their payments done write nothing.
 from datetime import timedelta
 
 import pytest
-from django.db import transaction
+from django.db import DataError, OperationalError, transaction
+from prometheus_client import REGISTRY
 
 from ledger.models import Account, Hold, JournalEntry
 from ledger.reconciliation import reconcile
@@ -342,3 +343,97 @@ def test_the_collapse_reads_one_index_range_not_every_queued_payment(alice):
     assert scan is not None, plan
     assert "partition" in scan.get("Index Cond", "") and "due_at" in scan["Index Cond"]
     assert scan["Actual Rows"] == 3 and scan.get("Rows Removed by Filter", 0) == 0
+
+
+def poison(monkeypatch, pid, error):
+    """Make every batch holding payment ``pid`` die of ``error`` (a payment whose
+    data breaks a statement); returns the list of the batches it broke."""
+    transfer = executor.LedgerBatch.transfer
+    broken = []
+
+    def breaks(batch, **kwargs):
+        if kwargs["reference"] == f"payment:{pid}":
+            broken.append(1)
+            raise error
+        return transfer(batch, **kwargs)
+
+    monkeypatch.setattr(executor.LedgerBatch, "transfer", breaks)
+    monkeypatch.setattr(tasks, "backoff_seconds", lambda retries: 0)
+    return broken
+
+
+@pytest.mark.parametrize(
+    "error",
+    [DataError("integer out of range"), ValueError("a bug one payment's data reaches")],
+    ids=["database", "code"],
+)
+def test_a_poison_payment_breaks_one_collapsed_batch_not_every_batch_of_its_partition(
+    alice, monkeypatch, settings, error
+):
+    """The poison is the oldest due, so every collapse takes it first. The batch
+    it breaks is retried with its own items alone, which complete; what it
+    collapsed (the poison and three good ones: which one broke it is not
+    known) stays out of this process's later collapses, so the next messages'
+    batches run at once and each runs its own — without this, every message
+    of the partition failed its first batch until the reaper took the poison
+    a lease later (DESIGN §8: one client's payment must not slow others)."""
+    settings.PAYMENT_CHUNK_RETRIES = 2
+    messages, partition = claimed(alice, 5, monkeypatch)
+    ids = [m[0][0] for m in messages]
+    bad = ids[1]
+    Payment.objects.filter(pk=bad).update(due_at=db_now() - timedelta(seconds=5))
+    broken = poison(monkeypatch, bad, error)
+    retries = lambda: (
+        REGISTRY.get_sample_value(  # noqa: E731
+            "payments_chunk_retries_total", {"error_class": type(error).__name__}
+        )
+        or 0.0
+    )
+    retried_before = retries()
+
+    first = tasks.execute_chunk.apply(args=[messages[0]], kwargs={"partitions": [partition]})
+    assert first.result == {"completed": 1, "failed": 0, "stale": 0}  # its own, alone
+    assert len(broken) == 1
+    assert sorted(executor.quarantine.ids()) == sorted(ids[1:])
+
+    for message in messages[2:]:
+        later = tasks.execute_chunk.apply(args=[message], kwargs={"partitions": [partition]})
+        assert later.result == {"completed": 1, "failed": 0, "stale": 0}
+    assert len(broken) == 1  # the poison was not taken in again
+    assert set(Payment.objects.exclude(pk=bad).values_list("status", flat=True)) == {"COMPLETED"}
+    assert retries() - retried_before == 1  # the first batch's, and no other
+
+    own = tasks.execute_chunk.apply(args=[messages[1]], kwargs={"partitions": [partition]})
+    assert own.result == {"gave_up": bad}  # its own message: left to the reaper
+    payment = Payment.objects.get(pk=bad)
+    assert (payment.status, entries([bad])) == ("QUEUED", 0)
+    assert entries(ids) == 4 and reconcile().ok
+
+
+def test_a_batch_lost_to_the_connection_keeps_nothing_out_of_the_next_collapse(alice, monkeypatch):
+    """A lost connection (or a deadlock, a serialization failure) is no payment's
+    fault: after a database blip the next batch collapses the whole backlog again,
+    which is what lets the partition catch up."""
+    messages, partition = claimed(alice, 4, monkeypatch)
+    ids = [m[0][0] for m in messages]
+    poison(monkeypatch, ids[2], OperationalError("server closed the connection unexpectedly"))
+    with pytest.raises(OperationalError):
+        executor.execute_chunk(messages[0], partitions=[partition])
+    assert executor.quarantine.ids() == []
+    monkeypatch.undo()
+    outcome = executor.execute_chunk(messages[3], partitions=[partition])
+    assert sorted(outcome.completed) == sorted(ids)
+
+
+def test_the_quarantine_lets_a_payment_go_when_its_lease_would_have_ended(monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr(executor.time, "monotonic", lambda: clock[0])
+    quarantine = executor.Quarantine(limit=3)
+    quarantine.add(["a", "b"], seconds=60)
+    clock[0] += 30
+    quarantine.add(["c", "a"], seconds=60)  # a again: its later expiry counts
+    assert quarantine.ids() == ["b", "c", "a"]
+    clock[0] += 30
+    assert quarantine.ids() == ["c", "a"]  # b's lease is over
+    quarantine.add(["d", "e"], seconds=60)
+    assert quarantine.ids() == ["a", "d", "e"]  # capped at 3: the oldest, c, dropped
