@@ -368,7 +368,7 @@ def poison(monkeypatch, pid, error):
     ids=["database", "code"],
 )
 def test_a_poison_payment_breaks_one_collapsed_batch_not_every_batch_of_its_partition(
-    alice, monkeypatch, settings, error
+    alice, monkeypatch, settings, error, caplog
 ):
     """The poison is the oldest due, so every collapse takes it first. The batch
     it breaks is retried with its own items alone, which complete; what it
@@ -395,6 +395,10 @@ def test_a_poison_payment_breaks_one_collapsed_batch_not_every_batch_of_its_part
     assert first.result == {"completed": 1, "failed": 0, "stale": 0}  # its own, alone
     assert len(broken) == 1
     assert sorted(executor.quarantine.ids()) == sorted(ids[1:])
+    assert (  # what the operator reads
+        f"a batch that collapsed 4 payments failed ({type(error).__name__}); they run only "
+        "in their own messages until their lease ends"
+    ) in caplog.messages
 
     for message in messages[2:]:
         later = tasks.execute_chunk.apply(args=[message], kwargs={"partitions": [partition]})
