@@ -345,6 +345,11 @@ def test_the_collapse_reads_one_index_range_not_every_queued_payment(alice):
     assert scan["Actual Rows"] == 3 and scan.get("Rows Removed by Filter", 0) == 0
 
 
+def retries(error):
+    labels = {"error_class": type(error).__name__}
+    return REGISTRY.get_sample_value("payments_chunk_retries_total", labels) or 0.0
+
+
 def poison(monkeypatch, pid, error):
     """Make every batch holding payment ``pid`` die of ``error`` (a payment whose
     data breaks a statement); returns the list of the batches it broke."""
@@ -383,13 +388,7 @@ def test_a_poison_payment_breaks_one_collapsed_batch_not_every_batch_of_its_part
     bad = ids[1]
     Payment.objects.filter(pk=bad).update(due_at=db_now() - timedelta(seconds=5))
     broken = poison(monkeypatch, bad, error)
-    retries = lambda: (
-        REGISTRY.get_sample_value(  # noqa: E731
-            "payments_chunk_retries_total", {"error_class": type(error).__name__}
-        )
-        or 0.0
-    )
-    retried_before = retries()
+    retried_before = retries(error)
 
     first = tasks.execute_chunk.apply(args=[messages[0]], kwargs={"partitions": [partition]})
     assert first.result == {"completed": 1, "failed": 0, "stale": 0}  # its own, alone
@@ -405,7 +404,7 @@ def test_a_poison_payment_breaks_one_collapsed_batch_not_every_batch_of_its_part
         assert later.result == {"completed": 1, "failed": 0, "stale": 0}
     assert len(broken) == 1  # the poison was not taken in again
     assert set(Payment.objects.exclude(pk=bad).values_list("status", flat=True)) == {"COMPLETED"}
-    assert retries() - retried_before == 1  # the first batch's, and no other
+    assert retries(error) - retried_before == 1  # the first batch's, and no other
 
     own = tasks.execute_chunk.apply(args=[messages[1]], kwargs={"partitions": [partition]})
     assert own.result == {"gave_up": bad}  # its own message: left to the reaper
