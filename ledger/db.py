@@ -147,6 +147,25 @@ def pipelined() -> Iterator[None]:
         yield
 
 
+def plan_for_cached_data() -> None:
+    """Within the caller's transaction, plan as if the data were in memory
+    (``SET LOCAL random_page_cost = 1.1``; PostgreSQL only, else nothing).
+
+    A batch's ``UPDATE … FROM unnest(…)`` joins its rows to the table by primary
+    key. Costed with the default random_page_cost (4, a spinning disk's), a
+    batch of a few hundred rows against a table of some 100,000 is planned as a
+    sequential scan of the whole table into a hash: the executor's hold UPDATE
+    of an 800-payment batch took 26-29 ms that way against 6.5-7 ms by the
+    primary key (100,000 holds, analysed or not; ``bench/results/…-s19-*``).
+    The executor's statements all fetch rows by key or a short index range, so
+    for its transaction the cheaper random fetch is the truer cost. ``LOCAL``:
+    it ends with the transaction, so a connection the pool hands on is as it was.
+    """
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL random_page_cost = 1.1")
+
+
 def _unnest(objs, columns, *, add: bool) -> tuple[str, list[str], list[list]]:
     params = [_column_values(objs, f, add=add) for f in columns]
     types = [_array_type(f) for f in columns]

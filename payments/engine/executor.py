@@ -69,7 +69,7 @@ from datetime import datetime
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, transaction
 
-from ledger.db import bulk_insert_rows, bulk_update_rows, pipelined
+from ledger.db import bulk_insert_rows, bulk_update_rows, pipelined, plan_for_cached_data
 from ledger.exceptions import DuplicateReference, LedgerError, StaleAccounts
 from ledger.models import JournalEntry
 from ledger.services import LedgerBatch, locking_accounts_last
@@ -186,6 +186,7 @@ def _execute(items, partitions, worker, taken, *, lock_accounts_last: bool) -> C
         # 45-payment chunk with its collapse, 18 without (counted with strace).
         # Nothing in it may read a row count (see ``pipelined``).
         with pipelined():
+            plan_for_cached_data()  # batch UPDATEs by key, not a hash of the table
             result = _statements(fences, partitions, worker, taken, lock_accounts_last)
         transaction.on_commit(lambda: _after_commit(result))
     if result.stale:

@@ -297,6 +297,8 @@ def test_entry_posted_before_is_recorded_not_posted_again(alice, monkeypatch):
 
 
 CHUNK_STATEMENTS = [
+    # batch UPDATEs by key, not a hash of the table (ledger.db.plan_for_cached_data)
+    ("SET", "random_page_cost"),
     ("LOCK", "payments_payment"),  # lock the chunk's payments, reading the one clock
     ("SELECT", "ledger_account"),  # read the accounts, no lock yet
     ("LOCK", "ledger_hold"),  # lock the holds
@@ -324,6 +326,8 @@ def statement(sql):
     flush_balances' lock-check-update of accounts LOCK+UPDATE."""
     if sql.lstrip().startswith("WITH") and "UPDATE ledger_account" in sql:
         return ("LOCK+UPDATE", "ledger_account")
+    if sql.startswith("SET LOCAL "):
+        return ("SET", sql.split()[2])
     function = re.match(r"SELECT (\w+)\(", sql)
     verb = "LOCK" if re.search(r"FOR (NO KEY )?UPDATE", sql) else sql.split()[0]
     if function:
