@@ -22,8 +22,8 @@ import time
 from datetime import datetime
 
 from celery import shared_task
+from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
-from django.db import DatabaseError, InterfaceError, OperationalError
 from django.dispatch import receiver
 
 from . import idempotency, metrics, routing, selectors, webhooks
@@ -32,7 +32,10 @@ from .engine import executor, materializer, reaper, sweeper
 
 logger = logging.getLogger(__name__)
 
-TRANSIENT = (OperationalError, InterfaceError, DatabaseError)
+# Retried with backoff: the database's or the host's passing trouble, and a
+# batch cut short by the soft time limit (a saturated database). Any other
+# error will not go away on a retry (executor.NOT_A_PAYMENTS_FAULT).
+TRANSIENT = (*executor.NOT_A_PAYMENTS_FAULT, SoftTimeLimitExceeded)
 
 
 def backoff_seconds(retries: int) -> float:
@@ -124,10 +127,10 @@ def _chunk_failed(task, items: list[list], partitions: list[int] | None, exc: Ex
     """What a chunk does after its batch failed (DESIGN §4.1). Every retry and
     both halves of a split run only their own items, no collapse.
 
-    - the batch collapsed (``partitions``): retry the chunk's own items — a
-      payment the collapse took in may be what failed (the executor keeps
-      them out of this process's later collapses); after a transient error
-      with backoff, after any other at once;
+    - the batch collapsed others' payments (``exc.collapsed``, set by the
+      executor): retry the chunk's own items — a payment the collapse took in
+      may be what failed (the executor keeps them out of this process's later
+      collapses); after a transient error with backoff, after any other at once;
     - a transient database error: retry with backoff, ``PAYMENT_CHUNK_RETRIES`` times;
     - then, or at once for any other error (a payment whose data breaks a
       statement, or the code): split in halves, so one payment cannot hold
@@ -136,7 +139,8 @@ def _chunk_failed(task, items: list[list], partitions: list[int] | None, exc: Ex
     """
     transient = isinstance(exc, TRANSIENT)
     retries = task.request.retries
-    if partitions or (transient and retries < settings.PAYMENT_CHUNK_RETRIES):
+    collapsed = partitions and getattr(exc, "collapsed", 0)
+    if collapsed or (transient and retries < settings.PAYMENT_CHUNK_RETRIES):
         metrics.chunk_retries.labels(error_class=type(exc).__name__).inc()
         logger.warning(
             "chunk of %s failed (%s); retry %s", len(items), type(exc).__name__, retries + 1

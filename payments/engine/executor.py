@@ -109,6 +109,7 @@ class Quarantine:
     and after the lease the collapse would not take them anyway. Not a
     database fact: per process, and lost with it, which costs at most one
     more failed batch per process. Capped at ``limit`` ids, oldest dropped.
+    Not thread-safe: payment workers run a prefork pool (``Procfile``).
     """
 
     def __init__(self, limit: int = 20_000) -> None:
@@ -136,8 +137,19 @@ class Quarantine:
 quarantine = Quarantine()
 
 # A batch that dies of these did not die of a payment in it: the connection
-# or the host failed, or a lock or serialization conflict with another transaction.
+# or the host failed, or a lock or serialization conflict with another
+# transaction. The task retries these with backoff (``tasks.TRANSIENT``);
+# anything else — a payment's data breaking a statement (DataError,
+# IntegrityError…), a bug one payment reaches — splits the chunk at once.
 NOT_A_PAYMENTS_FAULT = (OperationalError, InterfaceError, OSError)
+READ_ONLY_SQLSTATE = "25006"  # a failover's read-only standby: an InternalError
+
+
+def payments_fault(exc: BaseException) -> bool:
+    """Whether ``exc`` may have come from a payment in the batch (see above)."""
+    if isinstance(exc, NOT_A_PAYMENTS_FAULT):
+        return False
+    return getattr(exc.__cause__, "sqlstate", None) != READ_ONLY_SQLSTATE
 
 
 def execute_chunk(
@@ -160,7 +172,8 @@ def execute_chunk(
             on_stale=_ran_stale,
         )
     except Exception as exc:
-        if taken and not isinstance(exc, NOT_A_PAYMENTS_FAULT):
+        exc.collapsed = len(taken)  # the task retries a batch that collapsed with its own alone
+        if taken and payments_fault(exc):
             quarantine.add(taken, settings.PAYMENT_LEASE_SECONDS)
             metrics.collapse_quarantined.inc(len(taken))
             logger.warning(
@@ -197,6 +210,7 @@ def _execute(items, partitions, worker, taken, *, lock_accounts_last: bool) -> C
 def _statements(fences, partitions, worker, taken, lock_accounts_last) -> ChunkResult:
     """Steps 1 to 6 of the module docstring, in the caller's transaction."""
     result = ChunkResult()
+    taken.clear()  # a re-run (StaleAccounts) starts over
     now, payments = locks.lock_chunk(fences)
     found = {str(p.pk) for p in payments}
     result.stale.extend(pid for pid in fences if pid not in found)

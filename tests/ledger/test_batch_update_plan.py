@@ -43,6 +43,8 @@ def update(holds):
 
 
 def test_the_executors_batch_update_fetches_its_rows_by_key(holds):
+    with connection.cursor() as cursor:  # as a server left at the default
+        cursor.execute("SET LOCAL random_page_cost = 4")
     with transaction.atomic():
         plan_for_cached_data()
         plan = explain_call(update(holds), "ledger_hold")
@@ -55,6 +57,7 @@ def test_the_executors_batch_update_fetches_its_rows_by_key(holds):
 def test_the_setting_ends_with_the_transaction():
     """``SET LOCAL``: a connection the pool hands on plans as it did."""
     with connection.cursor() as cursor:
+        cursor.execute("SET random_page_cost = 4")  # as a server left at the default
         cursor.execute("SHOW random_page_cost")
         before = cursor.fetchone()[0]
         with transaction.atomic():
@@ -63,3 +66,4 @@ def test_the_setting_ends_with_the_transaction():
             assert cursor.fetchone()[0] == "1.1"
         cursor.execute("SHOW random_page_cost")
         assert cursor.fetchone()[0] == before
+        cursor.execute("RESET random_page_cost")

@@ -3,7 +3,7 @@
 import uuid
 
 import pytest
-from django.db import transaction
+from django.db import DataError, transaction
 
 from ledger.models import Account, Hold, HoldStatus, JournalEntry
 from ledger.reconciliation import reconcile
@@ -99,10 +99,20 @@ def test_transient_errors_retry_then_split_to_isolate_a_poison_payment(monkeypat
 
 
 @pytest.mark.django_db
-def test_any_other_error_splits_at_once_to_isolate_the_payment_it_comes_from(monkeypatch):
+@pytest.mark.parametrize(
+    "error",
+    [KeyError("a bug one payment's data reaches"), DataError("integer out of range")],
+    ids=["code", "data"],
+)
+@pytest.mark.parametrize("partitions", [None, [3]], ids=["alone", "collapsed-nothing"])
+def test_any_other_error_splits_at_once_to_isolate_the_payment_it_comes_from(
+    monkeypatch, error, partitions
+):
     """An error that is not the database's passing trouble (the code, or a
     payment's data) will not go away on a retry: the chunk splits at once
-    rather than wait a lease for the reaper with every good payment in it."""
+    rather than wait a lease for the reaper with every good payment in it —
+    also when its batch could have collapsed but took nothing in (only a batch
+    that did is retried with its own items alone first)."""
     from payments import tasks
 
     good, poison = str(uuid.uuid4()), str(uuid.uuid4())
@@ -112,14 +122,15 @@ def test_any_other_error_splits_at_once_to_isolate_the_payment_it_comes_from(mon
     def broken(chunk, **kwargs):
         calls.append([pid for pid, _ in chunk])
         if any(pid == poison for pid, _ in chunk):
-            raise KeyError("a bug one payment's data reaches")
+            raise error
         return executor.ChunkResult(completed=[pid for pid, _ in chunk])
 
     monkeypatch.setattr(executor, "execute_chunk", broken)
     monkeypatch.setattr(
         tasks.execute_chunk, "apply_async", lambda args, queue, **kw: published.append(args[0])
     )
-    assert tasks.execute_chunk.apply(args=[items]).result == {"split": 2}
+    kwargs = {"partitions": partitions} if partitions else {}
+    assert tasks.execute_chunk.apply(args=[items], kwargs=kwargs).result == {"split": 2}
     assert calls == [[good, poison]] and published == [[items[0]], [items[1]]]
     assert tasks.execute_chunk.apply(args=[[items[0]]]).result["completed"] == 1
     assert tasks.execute_chunk.apply(args=[[items[1]]]).result == {"gave_up": poison}

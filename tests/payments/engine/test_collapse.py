@@ -13,7 +13,7 @@ messages that find their payments done write nothing.
 from datetime import timedelta
 
 import pytest
-from django.db import DataError, OperationalError, transaction
+from django.db import DataError, InternalError, OperationalError, transaction
 from prometheus_client import REGISTRY
 
 from ledger.models import Account, Hold, JournalEntry
@@ -426,6 +426,22 @@ def test_a_batch_lost_to_the_connection_keeps_nothing_out_of_the_next_collapse(a
     monkeypatch.undo()
     outcome = executor.execute_chunk(messages[3], partitions=[partition])
     assert sorted(outcome.completed) == sorted(ids)
+
+
+def test_a_failover_to_a_read_only_standby_keeps_nothing_out_either(alice, monkeypatch):
+    """Writes refused by a read-only server come as an ``InternalError`` (SQLSTATE
+    25006), not a connection error: still no payment's fault."""
+
+    class ReadOnly(Exception):
+        sqlstate = "25006"
+
+    refused = InternalError("cannot execute UPDATE in a read-only transaction")
+    refused.__cause__ = ReadOnly()
+    messages, partition = claimed(alice, 3, monkeypatch)
+    poison(monkeypatch, messages[1][0][0], refused)
+    with pytest.raises(InternalError):
+        executor.execute_chunk(messages[0], partitions=[partition])
+    assert executor.quarantine.ids() == []
 
 
 def test_the_quarantine_lets_a_payment_go_when_its_lease_would_have_ended(monkeypatch):
