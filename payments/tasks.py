@@ -111,7 +111,7 @@ def execute_chunk(self, items: list[list], partitions: list[int] | None = None) 
             [(pid, fence) for pid, fence in items], partitions=partitions or ()
         )
     except Exception as exc:  # every failure is retried, split or left to the reaper
-        return _chunk_failed(self, items, partitions, exc)
+        return _chunk_failed(self, items, exc)
     if result.not_due:
         # Arrived early (publisher or worker clock ahead of the database):
         # re-publish with the remaining time; same fence, still QUEUED.
@@ -123,7 +123,7 @@ def execute_chunk(self, items: list[list], partitions: list[int] | None = None) 
     }
 
 
-def _chunk_failed(task, items: list[list], partitions: list[int] | None, exc: Exception) -> dict:
+def _chunk_failed(task, items: list[list], exc: Exception) -> dict:
     """What a chunk does after its batch failed (DESIGN §4.1). Every retry and
     both halves of a split run only their own items, no collapse.
 
@@ -139,8 +139,7 @@ def _chunk_failed(task, items: list[list], partitions: list[int] | None, exc: Ex
     """
     transient = isinstance(exc, TRANSIENT)
     retries = task.request.retries
-    collapsed = partitions and getattr(exc, "collapsed", 0)
-    if collapsed or (transient and retries < settings.PAYMENT_CHUNK_RETRIES):
+    if getattr(exc, "collapsed", 0) or (transient and retries < settings.PAYMENT_CHUNK_RETRIES):
         metrics.chunk_retries.labels(error_class=type(exc).__name__).inc()
         logger.warning(
             "chunk of %s failed (%s); retry %s", len(items), type(exc).__name__, retries + 1

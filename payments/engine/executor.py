@@ -29,8 +29,8 @@ For a chunk of ``(payment id, fence)`` pairs (and the partitions it holds):
    about twice its arrival rate. Any QUEUED payment may run this way: QUEUED
    under a row lock is what makes it runnable; the fence only tells a
    message's own items apart. A batch that dies of anything but a lost
-   connection or a lock conflict (``NOT_A_PAYMENTS_FAULT``) may have died of
-   one of the payments it collapsed: those stay out of this process's
+   connection, a lock conflict or a read-only server (``payments_fault``)
+   may have died of one of the payments it collapsed: those stay out of this process's
    collapses until their lease runs out (``Quarantine``), so a poison
    payment — the oldest due, taken first by every collapse — costs each
    worker process one batch, not every batch of its partitions until the
