@@ -13,7 +13,8 @@ process — no HTTP server, no network, no other load — so the numbers are the
 application's own cost. Reports per request: mean and p50 wall time, CPU time
 (``time.process_time``), and the SQL statements run (each distinct statement
 listed once with its count). ``--profile`` runs cProfile over one kind of
-request and prints the top functions by cumulative CPU time.
+request and prints the top functions by cumulative CPU time (``--dump FILE``
+also writes its pstats file, for callers/callees or a flame graph).
 
 ``--served`` calls the WSGI application as gunicorn does instead (a WSGI
 environ per request, the response iterated and closed, so Django's
@@ -79,12 +80,14 @@ def statements(call) -> tuple[int, list[tuple[int, str]]]:
     return len(ctx.captured_queries), sorted(((c, s) for s, c in shapes.items()), reverse=True)
 
 
-def profile(call, n: int, top: int) -> str:
+def profile(call, n: int, top: int, dump: str | None = None) -> str:
     profiler = cProfile.Profile(time.process_time)  # CPU time: robust to a busy host
     profiler.enable()
     for _ in range(n):
         call()
     profiler.disable()
+    if dump:
+        profiler.dump_stats(dump)
     out = io.StringIO()
     pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(top)
     return out.getvalue()
@@ -95,6 +98,7 @@ def main() -> int:
     parser.add_argument("--n", type=int, default=500)
     parser.add_argument("--profile", choices=["schedule", "schedule_key", "status"])
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--dump", help="also write the profile's pstats file here")
     parser.add_argument("--name", default="api-cost")
     parser.add_argument("--served", action="store_true", help="as gunicorn calls it (above)")
     args = parser.parse_args()
@@ -222,7 +226,7 @@ def run(args, served: dict) -> int:
         for times, sql in shapes:
             print(f"   {times} x {sql}")
     if args.profile:
-        print(profile(calls[args.profile], args.n, args.top))
+        print(profile(calls[args.profile], args.n, args.top, args.dump))
     write_report(args.name, report)
     return 0
 
