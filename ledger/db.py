@@ -91,27 +91,6 @@ def _array_type(field: models.Field) -> tuple[str, str]:
     return f"{field.db_type(connection)}[]", ""
 
 
-@functools.cache
-def _binding_cursor_class():
-    """Django's ``ServerBindingCursor``, keeping a prepared statement's text.
-
-    Once a connection has run a statement ``prepare_threshold`` times (settings:
-    ``DB_PREPARE_THRESHOLD``), psycopg sends it as a prepared statement and then
-    leaves the cursor's last query unset, so Django's query log
-    (``connection.queries``, ``CaptureQueriesContext``, DEBUG's SQL logging)
-    would record ``None`` for every batch statement of a warm connection. This
-    records the statement as the unprepared path does (the SQL with ``$n``
-    placeholders) and changes nothing that is sent."""
-    from django.db.backends.postgresql.base import ServerBindingCursor
-
-    class BindingCursor(ServerBindingCursor):
-        def _send_query_prepared(self, name, pgq, *, binary=None):
-            self._query = pgq
-            super()._send_query_prepared(name, pgq, binary=binary)
-
-    return BindingCursor
-
-
 @contextlib.contextmanager
 def binary_cursor(*, binary_results: bool = False) -> Iterator[CursorWrapper]:
     """A cursor of the default connection that binds on the server (PostgreSQL only).
@@ -128,11 +107,13 @@ def binary_cursor(*, binary_results: bool = False) -> Iterator[CursorWrapper]:
     whose columns are plain values (no JSON: Django expects JSON as text),
     which ``select_list`` checks.
     """
+    from django.db.backends.postgresql.base import ServerBindingCursor
+
     connection.ensure_connection()
     connection.validate_no_broken_transaction()
     wrapper = CursorDebugWrapper if connection.queries_logged else CursorWrapper
     with connection.wrap_database_errors:
-        raw = _binding_cursor_class()(connection.connection)
+        raw = ServerBindingCursor(connection.connection)
         if binary_results:
             raw.format = BINARY
     with wrapper(raw, connection) as cursor:

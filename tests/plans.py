@@ -33,7 +33,7 @@ def explain_call(call: Callable[[], object], *tables: str) -> dict:
     with connection.cursor() as cursor:
         for table in tables:
             cursor.execute(f"ANALYZE {table}")
-    opened = binary_cursor() if kind == "BindingCursor" else connection.cursor()
+    opened = binary_cursor() if kind == "ServerBindingCursor" else connection.cursor()
     with opened as cursor:
         cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
         return cursor.fetchone()[0][0]["Plan"]

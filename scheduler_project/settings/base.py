@@ -137,35 +137,10 @@ TEMPLATES = [
 # IMMEDIATE transactions take the write lock up front (no lock-upgrade
 # deadlocks between web, worker and beat), and the timeout waits out a busy
 # writer instead of failing.
-
-
-def prepare_threshold(value: str) -> int | None:
-    """``DB_PREPARE_THRESHOLD``: a count (0: prepare every statement at once) or
-    ``off`` (also ``none`` or empty): psycopg's ``prepare_threshold``."""
-    value = value.strip().lower()
-    if value in ("off", "none", ""):
-        return None
-    if not value.isdigit():
-        raise ImproperlyConfigured(f"DB_PREPARE_THRESHOLD: a count or 'off', not {value!r}")
-    return int(value)
-
-
 if env.str("DATABASE_URL", default=""):
     DATABASES = {"default": env.db("DATABASE_URL")}
     DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("CONN_MAX_AGE", default=60))
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
-    # Server-side prepared statements for the statements that bind on the server
-    # (ledger.db.binary_cursor: the executor's batch reads and writes): psycopg
-    # prepares one once a connection has run it DB_PREPARE_THRESHOLD times, and
-    # PostgreSQL then skips parsing it (and, once a generic plan is as cheap,
-    # planning it) on every later batch. Django turns them off by default for
-    # the sake of transaction-mode poolers: set DB_PREPARE_THRESHOLD=off behind
-    # PgBouncer in transaction mode older than 1.21. The ORM's own statements
-    # bind on the client and are never prepared.
-    if DATABASES["default"]["ENGINE"].endswith("postgresql"):
-        DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = prepare_threshold(
-            env.str("DB_PREPARE_THRESHOLD", default="5")
-        )
     # Bounded connection pool (Django's built-in psycopg pool) for the web
     # processes: gunicorn.conf.py sets DB_POOL=true. Each web process holds at
     # most DB_POOL_MAX_SIZE connections, so WEB_CONCURRENCY x DB_POOL_MAX_SIZE

@@ -403,7 +403,7 @@ def test_the_chunks_pipeline_holds_no_write_that_reads_a_row_count(
     piped = [(verb, kind) for verb, kind, in_pipeline in sent if in_pipeline]
     writes = {(verb, kind) for verb, kind in piped if verb in ("INSERT", "UPDATE", "DELETE")}
     assert {verb for verb, _ in writes} == {"INSERT", "UPDATE"}
-    assert {kind for _, kind in writes} == {"BindingCursor"}, writes
+    assert {kind for _, kind in writes} == {"ServerBindingCursor"}, writes
     # every statement of the chunk went through the pipeline (outside it: only the
     # savepoint the test's own transaction turns the executor's atomic() into)
     assert {verb for verb, _, in_pipeline in sent if not in_pipeline} <= {"SAVEPOINT", "RELEASE"}
