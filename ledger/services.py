@@ -39,11 +39,11 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TypeVar
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, connection, transaction
-from django.db.models import QuerySet
 from django.utils import timezone
 
 from .db import (
@@ -94,16 +94,32 @@ BATCH_ACCOUNT_FIELDS = (
 )
 
 
-def unlocked_accounts(account_ids: Iterable[int]) -> QuerySet[Account]:
-    """The given accounts as a ``lock_accounts_last`` batch reads them: no lock,
-    ``BATCH_ACCOUNT_FIELDS`` only (a caller may add to the query, as the
-    schedule request adds the database clock)."""
-    return Account.objects.filter(pk__in=set(account_ids)).only(*BATCH_ACCOUNT_FIELDS)
-
-
 def read_accounts(account_ids: Iterable[int]) -> dict[int, Account]:
-    """The given accounts by id, read without locks (``lock_accounts_last``)."""
-    return {a.pk: a for a in unlocked_accounts(account_ids)}
+    """The given accounts by id as a ``lock_accounts_last`` batch reads them: no
+    lock, ``BATCH_ACCOUNT_FIELDS`` only."""
+    accounts = Account.objects.filter(pk__in=set(account_ids)).only(*BATCH_ACCOUNT_FIELDS)
+    return {a.pk: a for a in accounts}
+
+
+_ACCOUNTS_WITH_CLOCK_SQL = (
+    'SELECT clock_timestamp(), {columns} FROM "ledger_account" WHERE id = ANY(%b::bigint[])'
+    " ORDER BY id"
+)
+
+
+def read_accounts_with_clock(account_ids: Iterable[int]) -> tuple[datetime | None, dict]:
+    """PostgreSQL: ``read_accounts`` and the database clock in one statement of
+    its own — the clock as the first account (by id) is read, None when no
+    account exists. The schedule request reads its two accounts so; as a
+    queryset (``read_accounts``' with the clock annotated) compiling it took a
+    sixth of the request's CPU."""
+    ids = sorted(set(account_ids))
+    fields = frozenset(BATCH_ACCOUNT_FIELDS)
+    with binary_cursor(binary_results=True) as cursor:
+        cursor.execute(_ACCOUNTS_WITH_CLOCK_SQL.format(columns=select_list(Account, fields)), [ids])
+        rows = cursor.fetchall()
+    accounts = instances(Account, fields, (row[1:] for row in rows))
+    return (rows[0][0] if rows else None), {a.pk: a for a in accounts}
 
 
 T = TypeVar("T")

@@ -48,6 +48,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import connection
 from django.db.models import F
 
+from ledger.db import bulk_insert_rows
 from ledger.models import Account, HoldStatus, JournalEntry
 from ledger.services import LedgerBatch
 
@@ -168,11 +169,22 @@ def schedule(
     event_data: dict | None = None,
     **fields: Any,
 ) -> Payment:
-    """(new) → PENDING: place the hold, store the payment and its ``scheduled`` event."""
+    """(new) → PENDING: place the hold, store the payment and its ``scheduled`` event.
+
+    Each row in one statement of its own (``ledger.db.bulk_insert_rows``), as
+    the executor writes, not ``Model.save``, which compiles its INSERT through
+    the ORM on every call; with the request's account read as SQL of its own
+    (``ledger.services.read_accounts_with_clock``) a schedule request costs
+    15-18 % less CPU in process (README, session 20). The payment comes back
+    as ``save`` leaves it (in the database); the event is not read back.
+    Nothing listens to these models' save signals."""
     payment = new_payment(batch, **fields)
     batch.flush()
-    payment.save(force_insert=True)
-    event(payment, "scheduled", actor=actor, actor_user=actor_user, **(event_data or {})).save()
+    bulk_insert_rows([payment])
+    scheduled = event(
+        payment, "scheduled", actor=actor, actor_user=actor_user, **(event_data or {})
+    )
+    bulk_insert_rows([scheduled], read_back=False)
     return payment
 
 

@@ -18,14 +18,13 @@ from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import connection, transaction
-from django.db.models.expressions import RawSQL
 
 from ledger.models import Account
 from ledger.services import (
     LedgerBatch,
     locking_accounts_last,
     read_accounts,
-    unlocked_accounts,
+    read_accounts_with_clock,
 )
 
 from .. import locks, metrics, transitions
@@ -72,12 +71,8 @@ def _read_with_clock(account_ids: list[int]) -> tuple[datetime, dict[int, Accoun
     query on PostgreSQL (the clock read by itself when no account exists)."""
     if connection.vendor != "postgresql":
         return db_now(), read_accounts(account_ids)
-    rows = list(
-        unlocked_accounts(account_ids)
-        .annotate(db_clock=RawSQL("clock_timestamp()", ()))
-        .order_by("pk")  # the clock of the first row read: a fixed choice
-    )
-    return (rows[0].db_clock if rows else db_now()), {a.pk: a for a in rows}
+    now, accounts = read_accounts_with_clock(account_ids)
+    return (now if now is not None else db_now()), accounts
 
 
 def payment_schedule(

@@ -214,7 +214,7 @@ def test_a_batch_reads_whole_accounts_it_locks_and_the_batch_fields_of_those_it_
 ):
     """Locked first, an account is the whole row (a caller may read any column
     without another query); read unlocked, only ``BATCH_ACCOUNT_FIELDS`` — what
-    ``flush_balances`` checks again under the lock — as ``unlocked_accounts``."""
+    ``flush_balances`` checks again under the lock — as ``read_accounts``."""
     account = AccountFactory(funded=10)
     with transaction.atomic():
         batch = ledger.LedgerBatch(account_ids=[account.pk], lock_accounts_last=lock_last)
@@ -223,6 +223,41 @@ def test_a_batch_reads_whole_accounts_it_locks_and_the_batch_fields_of_those_it_
     expected = every - set(ledger.BATCH_ACCOUNT_FIELDS) if lock_last else set()
     assert read.get_deferred_fields() == expected
     assert (read.balance, read.owner_id) == (10, account.owner_id)
+
+
+@pytest.mark.postgres
+def test_accounts_and_the_database_clock_are_read_in_one_statement():
+    """``read_accounts_with_clock`` (the schedule request's read): the accounts as
+    ``read_accounts`` gives them, and ``clock_timestamp()`` as they are read."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    first, second = AccountFactory(funded=10), AccountFactory()
+    missing = second.pk + 1000
+
+    def clock():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT clock_timestamp()")
+            return cursor.fetchone()[0]
+
+    with transaction.atomic():
+        before = clock()
+        with CaptureQueriesContext(connection) as queries:
+            now, accounts = ledger.read_accounts_with_clock(
+                [second.pk, first.pk, first.pk, missing]
+            )
+        after = clock()
+    assert len(queries) == 1
+    assert before <= now <= after  # the statement's own clock, not the transaction's
+    assert accounts.keys() == {first.pk, second.pk}
+    assert ledger.read_accounts([first.pk, second.pk]).keys() == accounts.keys()
+    every = {f.attname for f in Account._meta.concrete_fields}
+    for account in accounts.values():
+        assert account.get_deferred_fields() == every - set(ledger.BATCH_ACCOUNT_FIELDS)
+    assert (accounts[first.pk].balance, accounts[first.pk].owner_id) == (10, first.owner_id)
+    assert ledger.read_accounts_with_clock([missing]) == (None, {})
+    alone, found = ledger.read_accounts_with_clock([second.pk])  # one row: its own clock
+    assert alone > now and found.keys() == {second.pk}
 
 
 def test_a_batch_of_no_account_still_reads_its_holds_and_references():

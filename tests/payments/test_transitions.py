@@ -363,6 +363,33 @@ def test_a_scheduled_payment_is_stamped_and_held_under_its_own_id(alice):
     )
 
 
+def test_a_scheduled_payment_comes_back_as_a_stored_row(alice):
+    """``schedule`` writes its rows in statements of its own (``bulk_insert_rows``),
+    not ``Model.save``, and hands back the payment as ``save`` would: in the
+    database, so a later ``save()`` updates the row (with a default primary key,
+    an instance still "adding" would be INSERTed again: a duplicate key)."""
+    now = db_now()
+    with transaction.atomic():
+        payment = transitions.schedule(
+            LedgerBatch(account_ids=[alice.account.pk]),
+            from_account_id=alice.account.pk,
+            to_account_id=alice.other_account.pk,
+            amount=7,
+            due_at=now + timedelta(hours=1),
+            now=now,
+            description="rent",
+            actor=Actor.CLIENT,
+            actor_user=alice.user,
+        )
+    assert (payment._state.adding, payment._state.db) == (False, "default")
+    payment.description = "rent, corrected"
+    payment.save()
+    stored = Payment.objects.get(pk=payment.pk)
+    assert (stored.description, stored.amount, stored.status) == ("rent, corrected", 7, "PENDING")
+    assert (stored.created_at, stored.updated_at) == (now, now)
+    assert stored.events.get().actor_user_id == alice.user.pk
+
+
 def test_a_payment_scheduled_through_the_api_records_who_and_how_much(alice):
     payment = scheduled(alice, amount=250)
     event = payment.events.get()

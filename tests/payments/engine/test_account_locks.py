@@ -218,6 +218,9 @@ def test_a_schedule_locks_its_source_after_writing_hold_payment_and_event():
     assert "UPDATE ledger_account" in sent[lock + 1]
     written = [sql.split('"')[1] for sql in sent[:lock] if sql.startswith("INSERT")]
     assert written == ["ledger_hold", "payments_payment", "payments_paymentevent"]
+    # the event is not read back (nothing refers to it): no RETURNING to wait for
+    (event_insert,) = [sql for sql in sent if sql.startswith('INSERT INTO "payments_paymentevent"')]
+    assert "RETURNING" not in event_insert
     assert sent[lock + 2 :] == ["COMMIT"]
     # before it, one read of source, destination and database clock together
     reads = [sql for sql in sent[:lock] if "ledger_account" in sql or "clock_timestamp" in sql]
