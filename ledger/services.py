@@ -107,7 +107,9 @@ _ACCOUNTS_WITH_CLOCK_SQL = (
 )
 
 
-def read_accounts_with_clock(account_ids: Iterable[int]) -> tuple[datetime | None, dict]:
+def read_accounts_with_clock(
+    account_ids: Iterable[int],
+) -> tuple[datetime | None, dict[int, Account]]:
     """PostgreSQL: ``read_accounts`` and the database clock in one statement of
     its own — the clock as the first account (by id) is read, None when no
     account exists. The schedule request reads its two accounts so; as a

@@ -179,6 +179,9 @@ def test_schedule_insufficient_funds_writes_nothing(alice):
 def test_schedule_from_someone_elses_account_is_not_found(alice, bob):
     error(alice.schedule(from_account_id=bob.account.pk), 404, "not_found")
     error(alice.schedule(from_account_id=999_999), 404, "not_found")
+    # neither account exists: no row to read the database clock with, so it is
+    # read by itself (payments.services.payments._read_with_clock) — a 404, not a 500
+    error(alice.schedule(from_account_id=999_998, to_account_id=999_999), 404, "not_found")
     assert held(bob.account) == 0
 
 
