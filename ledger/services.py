@@ -101,12 +101,6 @@ def read_accounts(account_ids: Iterable[int]) -> dict[int, Account]:
     return {a.pk: a for a in accounts}
 
 
-_ACCOUNTS_WITH_CLOCK_SQL = (
-    'SELECT clock_timestamp(), {columns} FROM "ledger_account" WHERE id = ANY(%b::bigint[])'
-    " ORDER BY id"
-)
-
-
 def read_accounts_with_clock(
     account_ids: Iterable[int],
 ) -> tuple[datetime | None, dict[int, Account]]:
@@ -166,6 +160,10 @@ def _read_or_lock(account_ids: Iterable[int], *, lock: bool) -> dict[int, Accoun
 # accounts, as the lock order wants), then which references are taken.
 _BATCH_ACCOUNTS_SQL = 'SELECT {columns} FROM "ledger_account" WHERE id = ANY(%b::bigint[])'
 _BATCH_LOCK_ACCOUNTS_SQL = _BATCH_ACCOUNTS_SQL + " ORDER BY id FOR NO KEY UPDATE"
+# read_accounts_with_clock: the unlocked read, with the clock of its first row by id
+_ACCOUNTS_WITH_CLOCK_SQL = (
+    _BATCH_ACCOUNTS_SQL.replace("SELECT ", "SELECT clock_timestamp(), ", 1) + " ORDER BY id"
+)
 _BATCH_LOCK_HOLDS_SQL = (
     'SELECT {columns} FROM "ledger_hold" WHERE id = ANY(%b::bigint[]) ORDER BY id FOR NO KEY UPDATE'
 )

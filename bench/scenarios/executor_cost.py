@@ -121,7 +121,7 @@ def run_size(pairs, payments: int, size: int, profiler=None, collapse: bool = Fa
     done = Payment.objects.filter(pk__in=[c.payment_id for c in claims])
     completed = done.filter(status=PaymentStatus.COMPLETED).count()
     assert completed == len(claims), (completed, len(claims))
-    shapes = Counter((q["sql"] or "(prepared)")[:100] for q in ctx.captured_queries)
+    shapes = Counter(q["sql"][:100] for q in ctx.captured_queries)
     return {
         "chunk_size": size,
         "payments": len(claims),

@@ -1,5 +1,6 @@
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 from ledger import services as ledger
 from ledger.exceptions import (
@@ -229,9 +230,6 @@ def test_a_batch_reads_whole_accounts_it_locks_and_the_batch_fields_of_those_it_
 def test_accounts_and_the_database_clock_are_read_in_one_statement():
     """``read_accounts_with_clock`` (the schedule request's read): the accounts as
     ``read_accounts`` gives them, and ``clock_timestamp()`` as they are read."""
-    from django.db import connection
-    from django.test.utils import CaptureQueriesContext
-
     first, second = AccountFactory(funded=10), AccountFactory()
     missing = second.pk + 1000
 
