@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import time
+
 from django.conf import settings
 from django.http import JsonResponse
 
+from . import metrics
 from .api.errors import (
     DATABASE_UNAVAILABLE,
     error_body,
@@ -22,6 +25,60 @@ _HTML_REFUSALS = {
     403: ("permission_denied", "Permission denied."),
     404: ("not_found", "Not found."),
 }
+
+
+_METHODS = frozenset(
+    ("GET", "HEAD", "POST", "PUT", "DELETE", "TRACE", "OPTIONS", "CONNECT", "PATCH")
+)
+_UNNAMED_VIEW = "<unnamed view>"
+
+
+class HttpMetricsMiddleware:
+    """Counts requests and responses and times them, by view and method (outermost).
+
+    Exports the three request series of django-prometheus that answer "how
+    many, how fast, which status, where" under their names and labels
+    (``payments.metrics``: ``django_http_requests_total_by_view_transport_method``,
+    ``django_http_responses_total_by_status_view_method``,
+    ``django_http_requests_latency_seconds_by_view_method``) plus
+    ``django_http_exceptions_total_by_type``, in place of its two middlewares'
+    thirteen series. Those cost about a tenth of a status read's CPU: ten
+    labelled writes per request, each a lock and an mmap write in multiprocess
+    mode. Here a request makes four writes (a histogram observation is two) to
+    label children looked up once per process, and the latency includes every
+    other middleware.
+    """
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+        self._children: dict[tuple, tuple] = {}
+
+    def __call__(self, request):
+        started = time.perf_counter()
+        response = self.get_response(request)
+        method = request.method if request.method in _METHODS else "<invalid method>"
+        match = getattr(request, "resolver_match", None)
+        view = (match.view_name if match is not None else None) or _UNNAMED_VIEW
+        key = (view, method, response.status_code, request.is_secure())
+        children = self._children.get(key)
+        if children is None:
+            children = self._children[key] = (
+                metrics.http_requests.labels(
+                    view=view, transport="https" if key[3] else "http", method=method
+                ),
+                metrics.http_responses.labels(
+                    status=str(response.status_code), view=view, method=method
+                ),
+                metrics.http_latency.labels(view=view, method=method),
+            )
+        requests, responses, latency = children
+        requests.inc()
+        responses.inc()
+        latency.observe(time.perf_counter() - started)
+        return response
+
+    def process_exception(self, request, exception):
+        metrics.http_exceptions.labels(type=type(exception).__name__).inc()
 
 
 class ApiJsonErrorsMiddleware:

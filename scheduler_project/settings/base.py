@@ -89,7 +89,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    "django_prometheus.middleware.PrometheusBeforeMiddleware",
+    # Outermost: times every request with all the middleware below (the three
+    # django-prometheus request series, without its other ten; see the class).
+    "payments.middleware.HttpMetricsMiddleware",
     # Outermost of ours: Django's own 400/403/404 pages under /api/ become JSON
     # errors, with DEBUG on too.
     "payments.middleware.ApiJsonErrorsMiddleware",
@@ -106,7 +108,6 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "django_prometheus.middleware.PrometheusAfterMiddleware",
     # Turns a lockout flagged by the axes backend into its 429 response.
     "axes.middleware.AxesMiddleware",
     # Views outside DRF (admin, health): database unavailable -> 503, not 500.

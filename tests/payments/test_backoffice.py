@@ -1,6 +1,7 @@
 """Support admin, operations page, health and metrics."""
 
 import re
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -442,7 +443,73 @@ def test_metrics_move_after_payments_execute(
     assert 'payments_lateness_seconds_bucket{le="0.25"}' in after
     assert metric(after, "payments_pending") == 0
     assert 'payments_backlog{bucket="overdue"}' in after
-    assert "django_http_requests_total_by_method_total" in after
+
+
+def sample(text, name, **labels):
+    """The value of ``name``'s sample with exactly these labels (any order), else 0."""
+    for line in text.splitlines():
+        head, _, value = line.rpartition(" ")
+        if head.partition("{")[0] == name:
+            found = dict(re.findall(r'(\w+)="([^"]*)"', head.partition("{")[2]))
+            if found == labels:
+                return float(value)
+    return 0.0
+
+
+def test_http_metrics_count_and_time_each_request_by_view_method_and_status(client, alice):
+    """payments.middleware.HttpMetricsMiddleware: django-prometheus's names and labels."""
+    responses = "django_http_responses_total_by_status_view_method_total"
+    latency = "django_http_requests_latency_seconds_by_view_method"
+    schedule = {"view": "payment-schedule", "method": "POST"}
+    detail = {"view": "payment-detail", "method": "GET"}
+    series = {
+        "created": (responses, {"status": "201", **schedule}),
+        "read": (responses, {"status": "200", **detail}),
+        "unknown": (responses, {"status": "404", **detail}),
+        "no route": (responses, {"status": "404", "view": "<unnamed view>", "method": "GET"}),
+        "invalid": (
+            responses,
+            {"status": "405", "view": "payment-detail", "method": "<invalid method>"},
+        ),
+        "posts": (
+            "django_http_requests_total_by_view_transport_method_total",
+            {"transport": "http", **schedule},
+        ),
+        "timed": (f"{latency}_count", schedule),
+        "under 75 s": (f"{latency}_bucket", {"le": "75.0", **schedule}),
+        "all": (f"{latency}_bucket", {"le": "+Inf", **schedule}),
+        "fast": (f"{latency}_bucket", {"le": "0.01", **schedule}),
+        "seconds": (f"{latency}_sum", schedule),
+    }
+
+    def read():
+        text = client.get("/metrics").content.decode()
+        return {key: sample(text, name, **labels) for key, (name, labels) in series.items()}
+
+    before = read()
+    pid = alice.schedule().json()["payment_id"]
+    assert alice.schedule().status_code == 201
+    assert alice.api.get(f"/api/v1/payments/{pid}").status_code == 200
+    for _ in range(3):
+        assert alice.api.get(f"/api/v1/payments/{uuid.uuid4()}").status_code == 404
+    assert alice.api.get("/api/v1/no-such-path").status_code == 404
+    assert alice.api.generic("BREW", f"/api/v1/payments/{pid}").status_code == 405
+    after = read()
+    moved = {key: after[key] - before[key] for key in series}
+    fast, seconds = moved.pop("fast"), moved.pop("seconds")
+    assert moved == {
+        "created": 2,
+        "read": 1,
+        "unknown": 3,
+        "no route": 1,
+        "invalid": 1,
+        "posts": 2,
+        "timed": 2,
+        "under 75 s": 2,
+        "all": 2,
+    }
+    assert 0 <= fast <= 2  # however fast this machine is
+    assert 0 < seconds < 75
 
 
 def test_alert_rules_parse_and_name_existing_metrics(client):
