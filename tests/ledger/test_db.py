@@ -4,11 +4,13 @@ and what the rows hold (the executor and the ledger flush write through them).""
 from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from ledger.db import bulk_insert_rows
 from ledger.models import EntryKind, JournalEntry, Posting
-from payments.models import IdempotencyKey, IdempotencyStatus
+from payments.models import IdempotencyKey, IdempotencyStatus, Payment
 from tests.factories import AccountFactory, UserFactory
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
@@ -105,3 +107,80 @@ def test_a_related_object_saved_after_assignment_is_written_and_set_by_its_id():
     assert [p.entry_id for p in postings] == [entries[0].pk] * 2 + [entries[1].pk] * 2
     stored = Posting.objects.filter(entry__in=entries).values_list("entry_id", "amount")
     assert sorted(stored) == sorted((p.entry_id, p.amount) for p in postings)
+
+
+def payment_rows(n, owner, source, target, due, **fields):
+    return [
+        Payment(
+            from_account=source,
+            to_account=target,
+            owner=owner,
+            amount=1234,
+            description="café ☕",
+            metadata={"order": [1, "二"], "none": None},
+            due_at=due,
+            run_at=due - timedelta(seconds=1),
+            partition=7,
+            lease_expires_at=None,
+            **fields,
+        )
+        for _ in range(n)
+    ]
+
+
+@pytest.mark.parametrize("read_back", [True, False])
+def test_one_row_is_stored_as_several_are(read_back):
+    """A single object goes out as bound values, several as arrays: the stored
+    rows are the same, column for column (JSON, text, nulls, small ints, times)."""
+    owner = UserFactory()
+    source, target = AccountFactory(owner=owner), AccountFactory()
+    due = timezone.now() + timedelta(hours=1)
+    alone = payment_rows(1, owner, source, target, due, error_code="x")
+    together = payment_rows(2, owner, source, target, due, error_code="x")
+    with CaptureQueriesContext(connection) as one:
+        bulk_insert_rows(alone, read_back=read_back)
+    with CaptureQueriesContext(connection) as several:
+        bulk_insert_rows(together, read_back=read_back)
+    assert " VALUES (" in one[-1]["sql"] and "unnest(" not in one[-1]["sql"]
+    assert "unnest(" in several[-1]["sql"]
+    stamped = {"id", "created_at", "updated_at"}  # each object's own
+    columns = [f.attname for f in Payment._meta.concrete_fields if f.attname not in stamped]
+    stored = [
+        {c: getattr(p, c) for c in columns}
+        for p in Payment.objects.filter(pk__in=[p.pk for p in alone + together])
+    ]
+    assert len(stored) == 3
+    assert stored[0] == stored[1] == stored[2]
+    assert stored[0] == {
+        "from_account_id": source.pk,
+        "to_account_id": target.pk,
+        "owner_id": owner.pk,
+        "amount": 1234,
+        "description": "café ☕",
+        "metadata": {"order": [1, "二"], "none": None},
+        "status": "PENDING",
+        "due_at": due,
+        "run_at": due - timedelta(seconds=1),
+        "partition": 7,
+        "fence": 0,
+        "lease_expires_at": None,
+        "attempts": 0,
+        "hold_id": None,
+        "journal_entry_id": None,
+        "error_code": "x",
+        "error_message": "",
+        "recurring_id": None,
+        "executed_at": None,
+        "cancelled_at": None,
+    }
+    if read_back:  # the database's defaults come back on the objects
+        rows = Payment.objects.filter(pk__in=[p.pk for p in alone + together])
+        assert {p.pk: p.created_at for p in alone + together} == {p.pk: p.created_at for p in rows}
+
+
+def test_one_row_with_an_auto_id_comes_back_with_the_id_the_insert_gave_it():
+    (e,) = entries = [entry("one:auto")]
+    with CaptureQueriesContext(connection) as ctx:
+        bulk_insert_rows(entries)
+    assert len(ctx) == 1 and " VALUES (" in ctx[0]["sql"]
+    assert JournalEntry.objects.get(reference="one:auto").pk == e.pk is not None
