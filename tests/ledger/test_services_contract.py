@@ -1035,6 +1035,95 @@ def test_lock_accounts_last_counts_a_hold_it_places_against_the_funds_left(
         assert (fresh(a).balance, fresh(a).held, fresh(a).available) == (100, 100, 0)
 
 
+def one_account_hold_with_change_between(a, amount, meanwhile, between):
+    """A ``lock_accounts_last`` batch that changes one account only (a hold on
+    ``a``, as a schedule does), with ``meanwhile()`` applied (``between``) after
+    its read and before its ``flush_balances``; returns flush_balances' SQL."""
+    with transaction.atomic(), CaptureQueriesContext(connection) as ctx:
+        batch = LedgerBatch(account_ids=[a.pk], lock_accounts_last=True)
+        batch.place_hold(account_id=a.pk, amount=amount)
+        batch.flush()
+        between(meanwhile)
+        start = len(ctx)
+        batch.flush_balances()
+    return [q["sql"] for q in ctx.captured_queries[start:]]
+
+
+def overdraft_account(funded=100):
+    """A system account (only those may go negative) allowed an overdraft."""
+    return AccountFactory(owner=None, system_code="overdraft", allow_negative=True, funded=funded)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    "make, meanwhile, message",
+    [
+        (
+            lambda: AccountFactory(funded=100),
+            lambda a: ledger.account_set_status(account_id=a.pk, status="frozen"),
+            "changed status",
+        ),
+        (
+            overdraft_account,
+            lambda a: Account.objects.filter(pk=a.pk).update(allow_negative=False),
+            "changed status",
+        ),
+        (
+            lambda: AccountFactory(funded=100),
+            lambda a: ledger.hold_place(account_id=a.pk, amount=80),
+            "no longer has the funds",
+        ),
+    ],
+    ids=["frozen", "overdraft withdrawn", "funds gone"],
+)
+def test_lock_accounts_last_checks_one_account_as_it_checks_several(
+    make, meanwhile, message, between
+):
+    """A batch that changed one account refuses what a batch of several refuses,
+    with the same ``StaleAccounts`` message, and writes nothing."""
+    a = make()
+    before = fresh(a)
+    with pytest.raises(StaleAccounts, match=f"^Account {a.pk} {message}"):
+        one_account_hold_with_change_between(a, 30, lambda: meanwhile(a), between)
+    if between is not commit_elsewhere:  # rolled back with the batch
+        after = fresh(a)
+        assert (after.balance, after.held, after.version) == (
+            before.balance,
+            before.held,
+            before.version,
+        )
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("make", [lambda: AccountFactory(funded=100), overdraft_account])
+def test_lock_accounts_last_writes_one_account_by_its_key(make, between):
+    """One changed account is checked and written by a plain UPDATE of its row
+    (PostgreSQL), from the row it locked: a hold of 40 placed meanwhile is counted,
+    and the balance, held amount and version all carry on from it."""
+    a = make()
+    version = fresh(a).version
+    sql = one_account_hold_with_change_between(
+        a, 60, lambda: ledger.hold_place(account_id=a.pk, amount=40), between
+    )
+    assert (fresh(a).balance, fresh(a).held, fresh(a).version) == (100, 100, version + 2)
+    if connection.vendor == "postgresql":
+        assert [q.split()[0] for q in sql] == ["SELECT", "UPDATE"], sql
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_lock_accounts_last_lets_an_overdraft_account_use_more_than_it_has():
+    """allow_negative: a hold that takes more than is left after one placed
+    meanwhile is no reason to refuse, for one account as for several."""
+    a = overdraft_account()
+    version = fresh(a).version
+    sql = one_account_hold_with_change_between(
+        a, 90, lambda: ledger.hold_place(account_id=a.pk, amount=80), commit_elsewhere
+    )
+    assert (fresh(a).balance, fresh(a).held, fresh(a).version) == (100, 170, version + 2)
+    assert [q.split()[0] for q in sql] == ["SELECT", "UPDATE"], sql
+
+
 def test_flush_balances_does_nothing_without_lock_accounts_last(django_assert_num_queries):
     """Even called before flush: a batch that locked its accounts up front writes
     its balances in flush and nowhere else."""

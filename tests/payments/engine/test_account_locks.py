@@ -112,11 +112,14 @@ def test_money_moved_meanwhile_on_both_accounts_is_kept(monkeypatch):
 
 def account_statements(queries):
     """What each statement on ledger_account was: a read, a LOCK, an UPDATE or
-    flush_balances' LOCK+UPDATE (check and write, after its LOCK)."""
+    flush_balances' CHECK+UPDATE (check and write, after its LOCK: the CTE, or
+    for one account its UPDATE by key)."""
     kinds = []
     for sql in (q["sql"] for q in queries.captured_queries):
-        if sql.lstrip().startswith("WITH") and "UPDATE ledger_account" in sql:
-            kinds.append("LOCK+UPDATE")
+        if sql.lstrip().startswith(("WITH", "UPDATE ledger_account a")) and (
+            "UPDATE ledger_account" in sql
+        ):
+            kinds.append("CHECK+UPDATE")
         elif sql.startswith('SELECT "ledger_account"') or "FROM ledger_account" in sql:
             kinds.append("LOCK" if "FOR NO KEY UPDATE" in sql else "SELECT")
         elif sql.startswith('UPDATE "ledger_account"'):
@@ -152,7 +155,7 @@ def test_an_account_frozen_meanwhile_fails_its_payments_as_if_locked_first(
     ]
     # read, then lock last (stale: nothing written); the run again: lock first,
     # then the UPDATE
-    assert account_statements(queries) == ["SELECT", "LOCK", "LOCK+UPDATE", "LOCK", "UPDATE"]
+    assert account_statements(queries) == ["SELECT", "LOCK", "CHECK+UPDATE", "LOCK", "UPDATE"]
     assert sorted(result.failed) == sorted(pid for pid, _ in items[:2])
     assert result.failure_codes == ["account_not_active", "account_not_active"]
     assert result.completed == [items[2][0]]
@@ -179,7 +182,7 @@ def test_a_failing_payment_does_not_lock_its_accounts_early():
     with CaptureQueriesContext(connection) as queries:
         result = executor.execute_chunk(items)
     assert result.failure_codes == ["account_not_active", "account_not_active"]
-    assert account_statements(queries) == ["SELECT", "LOCK", "LOCK+UPDATE"]
+    assert account_statements(queries) == ["SELECT", "LOCK", "CHECK+UPDATE"]
     assert Account.objects.get(pk=source).held == 0
     assert reconcile().ok
 

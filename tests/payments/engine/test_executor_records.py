@@ -315,7 +315,7 @@ CHUNK_STATEMENTS = [
     # Locked by one statement, then checked and written by the next, in one
     # round trip (ledger.services: why two).
     ("LOCK", "ledger_account"),
-    ("LOCK+UPDATE", "ledger_account"),
+    ("CHECK+UPDATE", "ledger_account"),
     ("INSERT", "ledger_posting"),  # balance_after: from the locked balances
 ]
 WEBHOOK_STATEMENT = ("INSERT", "payments_webhookevent")  # when a client subscribed
@@ -323,9 +323,12 @@ WEBHOOK_STATEMENT = ("INSERT", "payments_webhookevent")  # when a client subscri
 
 def statement(sql):
     """(verb, table or function) of one SQL statement; a row-locking SELECT is LOCK,
-    flush_balances' lock-check-update of accounts LOCK+UPDATE."""
-    if sql.lstrip().startswith("WITH") and "UPDATE ledger_account" in sql:
-        return ("LOCK+UPDATE", "ledger_account")
+    flush_balances' check and update of the accounts it locked CHECK+UPDATE (the
+    CTE, or for one account its UPDATE by key)."""
+    if sql.lstrip().startswith(("WITH", "UPDATE ledger_account a")) and (
+        "UPDATE ledger_account" in sql
+    ):
+        return ("CHECK+UPDATE", "ledger_account")
     if sql.startswith("SET LOCAL "):
         return ("SET", sql.split()[2])
     function = re.match(r"SELECT (\w+)\(", sql)
