@@ -88,7 +88,13 @@ def _array_type(field: models.Field) -> tuple[str, str]:
     """
     if isinstance(field, models.JSONField):
         return "text[]", "::jsonb"
-    return f"{field.db_type(connection)}[]", ""
+    db_type = field.db_type(connection)
+    if db_type.startswith("varchar("):
+        # Not to varchar(n): an explicit cast cuts an over-long value short
+        # without a word, where the column's own (assignment) cast refuses it
+        # — a DataError, as save() raises.
+        db_type = "varchar"
+    return f"{db_type}[]", ""
 
 
 @contextlib.contextmanager

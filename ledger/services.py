@@ -555,7 +555,8 @@ class LedgerBatch:
         locking read of whole rows and an UPDATE: the same locks in the same
         order, the same checks against the locked rows, the same
         ``StaleAccounts`` — and when one account fails a check, no account is
-        written. Two statements, not one: see ``_LOCK_ACCOUNTS_SQL``."""
+        written. Two statements, not one: see ``_LOCK_ACCOUNTS_SQL``. (One
+        account whose check fails takes a second round trip, the CTE's.)"""
         ids = sorted(self._changed_accounts)
         d_balance, d_held, d_version = zip(*(self._changes(aid) for aid in ids), strict=True)
         mine = [self.accounts[aid] for aid in ids]

@@ -78,6 +78,9 @@ INSTALLED_APPS = [
     # them the way production does (Cookiecutter Django's local settings).
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
+    # Installed, its middlewares not used: payments.middleware.HttpMetricsMiddleware
+    # exports their request series under the same names (both at once would
+    # register those names twice and fail at start).
     "django_prometheus",
     "rest_framework",
     "drf_spectacular",

@@ -4,11 +4,11 @@ and what the rows hold (the executor and the ledger flush write through them).""
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import DataError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from ledger.db import bulk_insert_rows
+from ledger.db import bulk_insert_rows, bulk_update_rows
 from ledger.models import EntryKind, JournalEntry, Posting
 from payments.models import IdempotencyKey, IdempotencyStatus, Payment
 from tests.factories import AccountFactory, UserFactory
@@ -184,3 +184,22 @@ def test_one_row_with_an_auto_id_comes_back_with_the_id_the_insert_gave_it():
         bulk_insert_rows(entries)
     assert len(ctx) == 1 and " VALUES (" in ctx[0]["sql"]
     assert JournalEntry.objects.get(reference="one:auto").pk == e.pk is not None
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_an_over_long_text_is_refused_not_cut_short(n):
+    """A value longer than its column (``JournalEntry.reference``: 128, unique)
+    is a DataError as ``save()`` raises, for an INSERT and an UPDATE, never
+    silently shortened: two references that differ after 128 characters would
+    otherwise both be stored as one."""
+    entries = [entry(f"long:{i}:" + "x" * 200) for i in range(n)]
+    with pytest.raises(DataError, match="too long"), transaction.atomic():
+        bulk_insert_rows(entries)
+    assert not JournalEntry.objects.filter(reference__startswith="long:").exists()
+    stored = [entry(f"short:{i}") for i in range(n)]
+    bulk_insert_rows(stored)
+    for e in stored:
+        e.reference += "y" * 200
+    with pytest.raises(DataError, match="too long"), transaction.atomic():
+        bulk_update_rows(stored, ["reference"])
+    assert JournalEntry.objects.filter(reference__startswith="short:").count() == n

@@ -512,6 +512,45 @@ def test_http_metrics_count_and_time_each_request_by_view_method_and_status(clie
     assert 0 < seconds < 75
 
 
+def test_http_metrics_count_exceptions_by_type_and_https_by_transport(client, alice, monkeypatch):
+    def boom(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    pid = alice.schedule().json()["payment_id"]
+    exceptions = "django_http_exceptions_total_by_type_total"
+    https = (
+        "django_http_requests_total_by_view_transport_method_total",
+        {"view": "payment-detail", "transport": "https", "method": "GET"},
+    )
+
+    def read():
+        text = client.get("/metrics").content.decode()
+        return sample(text, exceptions, type="RuntimeError"), sample(text, https[0], **https[1])
+
+    before = read()
+    assert alice.api.get(f"/api/v1/payments/{pid}", secure=True).status_code == 200
+    # A view outside DRF (DRF's own answer every exception: payments.api.errors)
+    monkeypatch.setattr("payments.views_ops.JsonResponse", boom)
+    client.raise_request_exception = False
+    assert client.get("/healthz").status_code == 500
+    after = read()
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 1)
+
+
+def test_a_metric_that_cannot_be_written_leaves_the_response_as_it_was(alice, monkeypatch, caplog):
+    """A schedule that committed is a 201 even when its request metrics fail."""
+
+    def broken(**labels):
+        raise OSError("metrics directory not writable")
+
+    from payments import metrics
+
+    monkeypatch.setattr(metrics.http_responses, "labels", broken)
+    response = alice.schedule(description="unmetered")
+    assert response.status_code == 201, response.content
+    assert "HTTP metrics not recorded" in caplog.text
+
+
 def test_alert_rules_parse_and_name_existing_metrics(client):
     from pathlib import Path
 
