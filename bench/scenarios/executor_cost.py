@@ -2,17 +2,22 @@
 
     .venv/bin/python bench/executor_cost.py [--payments 1000] [--sizes 200,100,20,1]
                                             [--endpoints 10] [--profile 100] [--top 30]
-                                            [--collapse]
+                                            [--collapse] [--pairs 1]
 
 Recreates ``scheduler_bench_execcost`` and sets up the noisy-neighbours minute
 in miniature: 10 clients with two funded accounts each; 5 of them have
 ``--endpoints`` webhook endpoints subscribed to ``payment.completed``. For each
 chunk size it inserts ``--payments`` payments already due (an even share per
 client, between each client's own two accounts, as the every-minute schedules
-are), claims them with the sweeper's claim statement, cuts the claims into
+are; ``--pairs N`` gives each client N source and N target accounts, taken in
+turn, so a small chunk's payments touch accounts of their own, as at a low
+steady rate: the capacity scenario's 100/s chunk of ~45 payments reads ~90
+accounts), claims them with the sweeper's claim statement, cuts the claims into
 chunks of that size and runs ``execute_chunk`` on each in this process — no
 broker round trip, no other load — so the numbers are the executor's own
-cost: CPU (``time.process_time``) and SQL statements per payment, and the
+cost: CPU (``time.process_time``; statements are counted by an execute
+wrapper, not Django's debug cursor, whose timing and formatting cost ~0.04 ms a
+statement) and SQL statements per payment, and the
 CPU of this process's own PostgreSQL backend (read from the OS, so the
 server's other sessions do not count; its background writers are not
 included). ``--collapse`` hands each chunk its partition, as the sweeper
@@ -48,15 +53,16 @@ CLIENTS = 10
 CLIENTS_WITH_ENDPOINTS = 5
 
 
-def setup_clients(endpoints: int) -> list[tuple[int, int]]:
+def setup_clients(endpoints: int, pairs: int = 1) -> list[tuple[list[int], list[int]]]:
+    """The clients' (sources, targets): ``pairs`` of each per client."""
     from django.contrib.auth import get_user_model
 
     from bench.harness.app import WebhookEndpoint, encrypt_webhook_secret, new_secret
 
-    pairs = []
+    accounts = []
     for n in range(CLIENTS):
-        info = create_client(f"exec-{n}", accounts=2, balance=10**12)
-        pairs.append(tuple(info["account_ids"]))
+        ids = create_client(f"exec-{n}", accounts=2 * pairs, balance=10**12)["account_ids"]
+        accounts.append((ids[:pairs], ids[pairs:]))
         if n < CLIENTS_WITH_ENDPOINTS:
             owner = get_user_model().objects.get(username=f"exec-{n}")
             WebhookEndpoint.objects.bulk_create(
@@ -68,7 +74,7 @@ def setup_clients(endpoints: int) -> list[tuple[int, int]]:
                 )
                 for e in range(endpoints)
             )
-    return pairs
+    return accounts
 
 
 def _backend_pid(connection) -> int:
@@ -84,14 +90,13 @@ def _cpu(process) -> float:
 
 def run_size(pairs, payments: int, size: int, profiler=None, collapse: bool = False) -> dict:
     from django.db import connection, transaction
-    from django.test.utils import CaptureQueriesContext
 
     from bench.harness.app import Payment, PaymentStatus, claim_batch, execute_chunk
 
     per_client = payments // len(pairs)
     due = datetime.now(UTC) - timedelta(seconds=1)
-    for source, target in pairs:
-        bulk_schedule(sources=[source], targets=[target], count=per_client, amount=1, due_at=due)
+    for sources, targets in pairs:
+        bulk_schedule(sources=sources, targets=targets, count=per_client, amount=1, due_at=due)
     with transaction.atomic():
         claims = claim_batch(payments * 2, 0.0)
     by_partition: dict[int, list] = {}
@@ -106,7 +111,13 @@ def run_size(pairs, payments: int, size: int, profiler=None, collapse: bool = Fa
     pg_started = _cpu(backend)
     wall_started, cpu_started = time.perf_counter(), time.process_time()
     stale = collapsed = 0
-    with CaptureQueriesContext(connection) as ctx:
+    shapes: Counter = Counter()
+
+    def count(execute, sql, params, many, context):
+        shapes[sql[:100]] += 1
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(count):
         if profiler:
             profiler.enable()
         for partition, chunk in chunks:
@@ -121,7 +132,6 @@ def run_size(pairs, payments: int, size: int, profiler=None, collapse: bool = Fa
     done = Payment.objects.filter(pk__in=[c.payment_id for c in claims])
     completed = done.filter(status=PaymentStatus.COMPLETED).count()
     assert completed == len(claims), (completed, len(claims))
-    shapes = Counter(q["sql"][:100] for q in ctx.captured_queries)
     return {
         "chunk_size": size,
         "payments": len(claims),
@@ -129,7 +139,7 @@ def run_size(pairs, payments: int, size: int, profiler=None, collapse: bool = Fa
         "cpu_ms_per_payment": round(cpu * 1000 / len(claims), 3),
         "wall_ms_per_payment": round(wall * 1000 / len(claims), 3),
         "postgres_cpu_ms_per_payment": round(pg_cpu * 1000 / len(claims), 3),
-        "statements_per_chunk": round(len(ctx.captured_queries) / len(chunks), 1),
+        "statements_per_chunk": round(sum(shapes.values()) / len(chunks), 1),
         "collapse": collapse,
         "stale_deliveries": stale,
         "collapsed": collapsed,
@@ -151,16 +161,24 @@ def main() -> int:
         "partition collapses the partition's due backlog into its batch and the later "
         "ones find their payments done (a worker behind its queue)",
     )
+    parser.add_argument(
+        "--pairs",
+        type=int,
+        default=1,
+        help="source and target accounts per client, taken in turn (default 1: each "
+        "client's payments between its own two accounts)",
+    )
     parser.add_argument("--name", default="executor-cost")
     args = parser.parse_args()
 
     prepare(DATABASE, REDIS_DB, LOG_LEVEL="WARNING")
-    pairs = setup_clients(args.endpoints)
+    pairs = setup_clients(args.endpoints, args.pairs)
     run_size(pairs, 200, 100)  # warm-up: imports, connections, statement caches
     report = {
         "at": datetime.now(UTC).isoformat(),
         "endpoints": args.endpoints,
         "collapse": args.collapse,
+        "pairs": args.pairs,
         "runs": [],
     }
     profile_text = ""
