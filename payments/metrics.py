@@ -64,6 +64,11 @@ collapse_quarantined = Counter(
     "Payments a failed batch had collapsed, kept out of that worker process's collapses "
     "until their lease ends (one of them may be what broke it)",
 )
+collapse_skipped = Counter(
+    "payments_collapse_skipped_total",
+    "Batches that did not collapse: more of their partitions' payments were kept out "
+    "(payments_collapse_quarantined_total) than a collapse leaves out at once",
+)
 reaped = Counter("payments_reaped_leases_total", "Expired leases", ["outcome"])
 chunk_retries = Counter(
     "payments_chunk_retries_total", "Executor chunk retries by error class", ["error_class"]

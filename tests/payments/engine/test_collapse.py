@@ -448,11 +448,67 @@ def test_the_quarantine_lets_a_payment_go_when_its_lease_would_have_ended(monkey
     clock = [1000.0]
     monkeypatch.setattr(executor.time, "monotonic", lambda: clock[0])
     quarantine = executor.Quarantine(limit=3)
-    quarantine.add(["a", "b"], seconds=60)
+    quarantine.add([("a", 1), ("b", 2)], seconds=60)
     clock[0] += 30
-    quarantine.add(["c", "a"], seconds=60)  # a again: its later expiry counts
+    quarantine.add([("c", 1), ("a", 3)], seconds=60)  # a again: its later expiry counts
     assert quarantine.ids() == ["b", "c", "a"]
+    assert quarantine.excluded([1, 2]) == ["c", "b"]  # a moved to partition 3
     clock[0] += 30
     assert quarantine.ids() == ["c", "a"]  # b's lease is over
-    quarantine.add(["d", "e"], seconds=60)
+    assert quarantine.excluded([2]) == []
+    quarantine.add([("d", 2), ("e", 2)], seconds=60)
     assert quarantine.ids() == ["a", "d", "e"]  # capped at 3: the oldest, c, dropped
+    assert quarantine.excluded([1, 2, 3]) == ["d", "e", "a"]
+    clock[0] += 60
+    assert quarantine.ids() == [] and quarantine.excluded([1, 2, 3]) == []
+
+
+def test_a_collapse_leaves_out_only_its_own_partitions_suspects_and_a_bounded_number():
+    """What every collapse sends to the database stays small however many
+    suspects a storm of failed batches leaves (DESIGN §8): those of the
+    chunk's partitions only, and none at all past ``exclude_max`` — the batch
+    then runs without collapsing (``excluded`` is None)."""
+    quarantine = executor.Quarantine(exclude_max=3)
+    quarantine.add([(f"p0-{n}", 0) for n in range(3)], seconds=60)
+    quarantine.add([(f"p1-{n}", 1) for n in range(4)], seconds=60)
+    assert quarantine.excluded([0]) == ["p0-0", "p0-1", "p0-2"]  # at the bound: still sent
+    assert quarantine.excluded([1]) is None
+    assert quarantine.excluded([0, 1]) is None
+    assert quarantine.excluded([2, 5]) == []
+
+
+def skipped():
+    return REGISTRY.get_sample_value("payments_collapse_skipped_total") or 0.0
+
+
+def test_a_batch_whose_partitions_hold_too_many_suspects_runs_only_its_own(alice, monkeypatch):
+    messages, partition = claimed(alice, 3, monkeypatch)
+    ids = [m[0][0] for m in messages]
+    monkeypatch.setattr(executor.quarantine, "exclude_max", 2)
+    executor.quarantine.add(
+        [(f"00000000-0000-0000-0000-00000000000{n}", partition) for n in range(3)], 60
+    )
+    before = skipped()
+    outcome = executor.execute_chunk(messages[0], partitions=[partition])
+    assert outcome.completed == [ids[0]] and outcome.collapsed == []
+    assert skipped() - before == 1
+    assert Payment.objects.filter(pk__in=ids[1:], status="QUEUED").count() == 2
+    # the others' messages run them; suspects of another partition stop nothing
+    executor.quarantine.clear()
+    other = (partition + 1) % 16
+    executor.quarantine.add(
+        [(f"00000000-0000-0000-0000-00000000001{n}", other) for n in range(3)], 60
+    )
+    sent = []
+    lock = locks.lock_due_queued
+
+    def spy(partitions, *, now, limit, exclude=()):
+        sent.append(list(exclude))
+        return lock(partitions, now=now, limit=limit, exclude=exclude)
+
+    monkeypatch.setattr(locks, "lock_due_queued", spy)
+    outcome = executor.execute_chunk(messages[1], partitions=[partition])
+    assert sorted(outcome.completed) == sorted(ids[1:]) and outcome.collapsed == [ids[2]]
+    assert sent == [[ids[1]]]  # the chunk's own item, no other partition's suspect
+    assert skipped() - before == 1
+    assert entries(ids) == 3 and reconcile().ok
