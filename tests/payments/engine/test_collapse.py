@@ -477,6 +477,15 @@ def test_a_collapse_leaves_out_only_its_own_partitions_suspects_and_a_bounded_nu
     assert quarantine.excluded([2, 5]) == []
 
 
+def test_a_collapse_leaves_out_up_to_a_thousand_suspects_of_its_partitions():
+    """The bound the README and the metric's help name."""
+    quarantine = executor.Quarantine()
+    quarantine.add([(f"s{n}", 4) for n in range(1_000)], seconds=60)
+    assert len(quarantine.excluded([4])) == 1_000
+    quarantine.add([("one-more", 4)], seconds=60)
+    assert quarantine.excluded([4]) is None
+
+
 def skipped():
     return REGISTRY.get_sample_value("payments_collapse_skipped_total") or 0.0
 
