@@ -66,8 +66,8 @@ collapse_quarantined = Counter(
 )
 collapse_skipped = Counter(
     "payments_collapse_skipped_total",
-    "Batches that did not collapse: more of their partitions' payments were kept out "
-    "(payments_collapse_quarantined_total) than a collapse leaves out at once",
+    "Partitions a committed batch left out of its collapse: more of their payments were "
+    "kept out (payments_collapse_quarantined_total) than a collapse leaves out at once",
 )
 reaped = Counter("payments_reaped_leases_total", "Expired leases", ["outcome"])
 chunk_retries = Counter(
@@ -91,6 +91,8 @@ def record_chunk(result) -> None:
         stale_deliveries.inc(len(result.stale))
     if result.collapsed:
         collapsed.inc(len(result.collapsed))
+    if result.partitions_not_collapsed:
+        collapse_skipped.inc(result.partitions_not_collapsed)
     batch = len(result.completed) + len(result.failed)
     if batch:
         executor_batch_size.observe(batch)

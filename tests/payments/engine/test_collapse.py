@@ -452,45 +452,49 @@ def test_the_quarantine_lets_a_payment_go_when_its_lease_would_have_ended(monkey
     clock[0] += 30
     quarantine.add([("c", 1), ("a", 3)], seconds=60)  # a again: its later expiry counts
     assert quarantine.ids() == ["b", "c", "a"]
-    assert quarantine.excluded([1, 2]) == ["c", "b"]  # a moved to partition 3
+    assert quarantine.collapsible([1, 2]) == ([1, 2], ["c", "b"])  # a moved to partition 3
     clock[0] += 30
     assert quarantine.ids() == ["c", "a"]  # b's lease is over
-    assert quarantine.excluded([2]) == []
+    assert quarantine.collapsible([2]) == ([2], [])
     quarantine.add([("d", 2), ("e", 2)], seconds=60)
     assert quarantine.ids() == ["a", "d", "e"]  # capped at 3: the oldest, c, dropped
-    assert quarantine.excluded([1, 2, 3]) == ["d", "e", "a"]
+    assert quarantine.collapsible([1, 2, 3]) == ([1, 2, 3], ["d", "e", "a"])
+    quarantine.discard(["e", "zz"])  # e completed; zz was never there
+    assert quarantine.ids() == ["a", "d"]
     clock[0] += 60
-    assert quarantine.ids() == [] and quarantine.excluded([1, 2, 3]) == []
+    assert quarantine.ids() == [] and quarantine.collapsible([1, 2, 3]) == ([1, 2, 3], [])
 
 
 def test_a_collapse_leaves_out_only_its_own_partitions_suspects_and_a_bounded_number():
     """What every collapse sends to the database stays small however many
     suspects a storm of failed batches leaves (DESIGN §8): those of the
-    chunk's partitions only, and none at all past ``exclude_max`` — the batch
-    then runs without collapsing (``excluded`` is None)."""
+    chunk's partitions only, at most ``exclude_max``: past it the partitions
+    with the most suspects are left out of the collapse until the rest fit."""
     quarantine = executor.Quarantine(exclude_max=3)
     quarantine.add([(f"p0-{n}", 0) for n in range(3)], seconds=60)
     quarantine.add([(f"p1-{n}", 1) for n in range(4)], seconds=60)
-    assert quarantine.excluded([0]) == ["p0-0", "p0-1", "p0-2"]  # at the bound: still sent
-    assert quarantine.excluded([1]) is None
-    assert quarantine.excluded([0, 1]) is None
-    assert quarantine.excluded([2, 5]) == []
+    assert quarantine.collapsible([0]) == ([0], ["p0-0", "p0-1", "p0-2"])  # at the bound
+    assert quarantine.collapsible([1]) == ([], [])
+    assert quarantine.collapsible([1, 0]) == ([0], ["p0-0", "p0-1", "p0-2"])
+    assert quarantine.collapsible([2, 5]) == ([2, 5], [])
 
 
 def test_a_collapse_leaves_out_up_to_a_thousand_suspects_of_its_partitions():
     """The bound the README and the metric's help name."""
     quarantine = executor.Quarantine()
     quarantine.add([(f"s{n}", 4) for n in range(1_000)], seconds=60)
-    assert len(quarantine.excluded([4])) == 1_000
+    assert len(quarantine.collapsible([4])[1]) == 1_000
     quarantine.add([("one-more", 4)], seconds=60)
-    assert quarantine.excluded([4]) is None
+    assert quarantine.collapsible([4]) == ([], [])
 
 
 def skipped():
     return REGISTRY.get_sample_value("payments_collapse_skipped_total") or 0.0
 
 
-def test_a_batch_whose_partitions_hold_too_many_suspects_runs_only_its_own(alice, monkeypatch):
+def test_a_batch_whose_partitions_hold_too_many_suspects_runs_only_its_own(
+    alice, monkeypatch, django_capture_on_commit_callbacks
+):
     messages, partition = claimed(alice, 3, monkeypatch)
     ids = [m[0][0] for m in messages]
     monkeypatch.setattr(executor.quarantine, "exclude_max", 2)
@@ -498,7 +502,8 @@ def test_a_batch_whose_partitions_hold_too_many_suspects_runs_only_its_own(alice
         [(f"00000000-0000-0000-0000-00000000000{n}", partition) for n in range(3)], 60
     )
     before = skipped()
-    outcome = executor.execute_chunk(messages[0], partitions=[partition])
+    with django_capture_on_commit_callbacks(execute=True):  # after-commit work too
+        outcome = executor.execute_chunk(messages[0], partitions=[partition])
     assert outcome.completed == [ids[0]] and outcome.collapsed == []
     assert skipped() - before == 1
     assert Payment.objects.filter(pk__in=ids[1:], status="QUEUED").count() == 2
@@ -521,3 +526,41 @@ def test_a_batch_whose_partitions_hold_too_many_suspects_runs_only_its_own(alice
     assert sent == [[ids[1]]]  # the chunk's own item, no other partition's suspect
     assert skipped() - before == 1
     assert entries(ids) == 3 and reconcile().ok
+
+
+def test_a_partition_over_the_bound_is_left_out_the_others_still_collapse(
+    alice, monkeypatch, django_capture_on_commit_callbacks
+):
+    messages, partition = claimed(alice, 3, monkeypatch)
+    ids = [m[0][0] for m in messages]
+    other = (partition + 1) % 16
+    Payment.objects.filter(pk=ids[2]).update(partition=other)
+    monkeypatch.setattr(executor.quarantine, "exclude_max", 2)
+    executor.quarantine.add(
+        [(f"00000000-0000-0000-0000-00000000002{n}", partition) for n in range(3)], 60
+    )
+    before = skipped()
+    with django_capture_on_commit_callbacks(execute=True):  # after-commit work too
+        outcome = executor.execute_chunk(messages[0], partitions=[partition, other])
+    assert sorted(outcome.completed) == sorted([ids[0], ids[2]]) and outcome.collapsed == [ids[2]]
+    assert skipped() - before == 1  # one partition left out, counted once committed
+    assert Payment.objects.get(pk=ids[1]).status == "QUEUED"
+
+
+def test_a_failed_batch_quarantines_each_payment_under_its_own_partition(
+    alice, monkeypatch, django_capture_on_commit_callbacks
+):
+    messages, partition = claimed(alice, 3, monkeypatch)
+    ids = [m[0][0] for m in messages]
+    other = (partition + 1) % 16
+    Payment.objects.filter(pk=ids[2]).update(partition=other)
+    poison(monkeypatch, ids[1], DataError("integer out of range"))
+    with pytest.raises(DataError):
+        executor.execute_chunk(messages[0], partitions=[partition, other])
+    assert executor.quarantine.collapsible([partition]) == ([partition], [ids[1]])
+    assert executor.quarantine.collapsible([other]) == ([other], [ids[2]])
+    monkeypatch.undo()
+    with django_capture_on_commit_callbacks(execute=True):  # after-commit work too
+        own = executor.execute_chunk(messages[2])
+    assert own.completed == [ids[2]]
+    assert executor.quarantine.ids() == [ids[1]]
