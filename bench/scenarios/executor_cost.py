@@ -88,14 +88,14 @@ def _cpu(process) -> float:
     return times.user + times.system
 
 
-def run_size(pairs, payments: int, size: int, profiler=None, collapse: bool = False) -> dict:
+def run_size(clients, payments: int, size: int, profiler=None, collapse: bool = False) -> dict:
     from django.db import connection, transaction
 
     from bench.harness.app import Payment, PaymentStatus, claim_batch, execute_chunk
 
-    per_client = payments // len(pairs)
+    per_client = payments // len(clients)
     due = datetime.now(UTC) - timedelta(seconds=1)
-    for sources, targets in pairs:
+    for sources, targets in clients:
         bulk_schedule(sources=sources, targets=targets, count=per_client, amount=1, due_at=due)
     with transaction.atomic():
         claims = claim_batch(payments * 2, 0.0)
@@ -172,8 +172,8 @@ def main() -> int:
     args = parser.parse_args()
 
     prepare(DATABASE, REDIS_DB, LOG_LEVEL="WARNING")
-    pairs = setup_clients(args.endpoints, args.pairs)
-    run_size(pairs, 200, 100)  # warm-up: imports, connections, statement caches
+    clients = setup_clients(args.endpoints, args.pairs)
+    run_size(clients, 200, 100)  # warm-up: imports, connections, statement caches
     report = {
         "at": datetime.now(UTC).isoformat(),
         "endpoints": args.endpoints,
@@ -184,7 +184,7 @@ def main() -> int:
     profile_text = ""
     for size in [int(s) for s in args.sizes.split(",")]:
         profiler = cProfile.Profile(time.process_time) if size == args.profile else None
-        row = run_size(pairs, args.payments, size, profiler, collapse=args.collapse)
+        row = run_size(clients, args.payments, size, profiler, collapse=args.collapse)
         report["runs"].append(row)
         print(
             f"chunk {size:>4}: {row['chunks']} chunks, CPU {row['cpu_ms_per_payment']} ms/payment, "

@@ -168,6 +168,8 @@ class Quarantine:
 
     def discard(self, payment_ids: Iterable[str]) -> None:
         """Let ``payment_ids`` go (they completed: no longer a suspect)."""
+        if not self._order:  # the usual case: every batch's completions pass here
+            return
         for pid in payment_ids:
             self._forget(pid)
 

@@ -492,15 +492,30 @@ def skipped():
     return REGISTRY.get_sample_value("payments_collapse_skipped_total") or 0.0
 
 
+def suspects(partition, tag, n=3):
+    """``n`` made-up payment ids quarantined under ``partition``."""
+    executor.quarantine.add(
+        [(f"00000000-0000-0000-0000-0000000000{tag}{k}", partition) for k in range(n)], 60
+    )
+
+
+def across_two_partitions(client, monkeypatch):
+    """Three claimed payments, one message each; the third moved to the next
+    partition: (messages, ids, partition, other)."""
+    messages, partition = claimed(client, 3, monkeypatch)
+    ids = [m[0][0] for m in messages]
+    other = (partition + 1) % 16
+    Payment.objects.filter(pk=ids[2]).update(partition=other)
+    return messages, ids, partition, other
+
+
 def test_a_batch_whose_partitions_hold_too_many_suspects_runs_only_its_own(
     alice, monkeypatch, django_capture_on_commit_callbacks
 ):
     messages, partition = claimed(alice, 3, monkeypatch)
     ids = [m[0][0] for m in messages]
     monkeypatch.setattr(executor.quarantine, "exclude_max", 2)
-    executor.quarantine.add(
-        [(f"00000000-0000-0000-0000-00000000000{n}", partition) for n in range(3)], 60
-    )
+    suspects(partition, 0)
     before = skipped()
     with django_capture_on_commit_callbacks(execute=True):  # after-commit work too
         outcome = executor.execute_chunk(messages[0], partitions=[partition])
@@ -510,9 +525,7 @@ def test_a_batch_whose_partitions_hold_too_many_suspects_runs_only_its_own(
     # the others' messages run them; suspects of another partition stop nothing
     executor.quarantine.clear()
     other = (partition + 1) % 16
-    executor.quarantine.add(
-        [(f"00000000-0000-0000-0000-00000000001{n}", other) for n in range(3)], 60
-    )
+    suspects(other, 1)
     sent = []
     lock = locks.lock_due_queued
 
@@ -531,14 +544,9 @@ def test_a_batch_whose_partitions_hold_too_many_suspects_runs_only_its_own(
 def test_a_partition_over_the_bound_is_left_out_the_others_still_collapse(
     alice, monkeypatch, django_capture_on_commit_callbacks
 ):
-    messages, partition = claimed(alice, 3, monkeypatch)
-    ids = [m[0][0] for m in messages]
-    other = (partition + 1) % 16
-    Payment.objects.filter(pk=ids[2]).update(partition=other)
+    messages, ids, partition, other = across_two_partitions(alice, monkeypatch)
     monkeypatch.setattr(executor.quarantine, "exclude_max", 2)
-    executor.quarantine.add(
-        [(f"00000000-0000-0000-0000-00000000002{n}", partition) for n in range(3)], 60
-    )
+    suspects(partition, 2)
     before = skipped()
     with django_capture_on_commit_callbacks(execute=True):  # after-commit work too
         outcome = executor.execute_chunk(messages[0], partitions=[partition, other])
@@ -550,10 +558,7 @@ def test_a_partition_over_the_bound_is_left_out_the_others_still_collapse(
 def test_a_failed_batch_quarantines_each_payment_under_its_own_partition(
     alice, monkeypatch, django_capture_on_commit_callbacks
 ):
-    messages, partition = claimed(alice, 3, monkeypatch)
-    ids = [m[0][0] for m in messages]
-    other = (partition + 1) % 16
-    Payment.objects.filter(pk=ids[2]).update(partition=other)
+    messages, ids, partition, other = across_two_partitions(alice, monkeypatch)
     poison(monkeypatch, ids[1], DataError("integer out of range"))
     with pytest.raises(DataError):
         executor.execute_chunk(messages[0], partitions=[partition, other])
