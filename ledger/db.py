@@ -199,24 +199,13 @@ def bulk_insert_rows(objs: Sequence[models.Model], *, read_back: bool = True) ->
     meta = model._meta
     pk = meta.pk
     first = objs[0]
-    # Fields left to their database default, as the first object has them; a
-    # batch where the objects disagree (one gives a value the next leaves to
-    # the default, either way round) goes to bulk_create, which handles that.
-    defaulted = [f for f in meta.concrete_fields if f.db_default is not models.NOT_PROVIDED]
-    db_defaults = [f for f in defaulted if isinstance(getattr(first, f.attname), DatabaseDefault)]
-    mixed = any(
-        isinstance(getattr(obj, f.attname), DatabaseDefault) != (f in db_defaults)
-        for f in defaulted
-        for obj in objs
-    )
-    if connection.vendor != "postgresql" or mixed:
+    db_defaults = _db_defaults(objs)
+    if connection.vendor != "postgresql" or db_defaults is None:
         model.objects.bulk_create(objs)
         return
     auto_pk = isinstance(pk, AutoFieldMixin) and any(obj.pk is None for obj in objs)
     if not read_back:
-        skipped = [*db_defaults, pk] if auto_pk else db_defaults
-        columns = [f for f in meta.concrete_fields if f not in skipped]
-        _insert(meta.db_table, columns, objs, returning=None)
+        _execute(_insert_statement(objs, db_defaults))
         return
     if auto_pk and len(objs) == 1:
         # One row: the row RETURNING gives back is its own, so the database
@@ -250,7 +239,47 @@ def bulk_insert_rows(objs: Sequence[models.Model], *, read_back: bool = True) ->
         obj._state.db = connection.alias
 
 
+def _db_defaults(objs: Sequence[models.Model]) -> list[models.Field] | None:
+    """The fields ``objs`` leave to their database default, as the first object
+    has them; None when the objects disagree (one gives a value the next
+    leaves to the default, either way round): ``bulk_create`` handles that."""
+    defaulted = [
+        f for f in objs[0]._meta.concrete_fields if f.db_default is not models.NOT_PROVIDED
+    ]
+    first = objs[0]
+    db_defaults = [f for f in defaulted if isinstance(getattr(first, f.attname), DatabaseDefault)]
+    mixed = any(
+        isinstance(getattr(obj, f.attname), DatabaseDefault) != (f in db_defaults)
+        for f in defaulted
+        for obj in objs
+    )
+    return None if mixed else db_defaults
+
+
+def _insert_statement(objs, db_defaults) -> tuple[str, list]:
+    """``bulk_insert_rows(objs, read_back=False)``'s statement: the database
+    assigns an unset auto pk and the ``db_defaults``."""
+    meta = objs[0]._meta
+    pk = meta.pk
+    auto_pk = isinstance(pk, AutoFieldMixin) and any(obj.pk is None for obj in objs)
+    skipped = [*db_defaults, pk] if auto_pk else db_defaults
+    columns = [f for f in meta.concrete_fields if f not in skipped]
+    return _insert_sql(meta.db_table, columns, objs, returning=None)
+
+
+def _execute(statement: tuple[str, list]) -> None:
+    with binary_cursor() as cursor:
+        cursor.execute(*statement)
+
+
 def _insert(table: str, columns, objs, *, returning) -> list[tuple]:
+    sql, params = _insert_sql(table, columns, objs, returning=returning)
+    with binary_cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall() if returning else []
+
+
+def _insert_sql(table: str, columns, objs, *, returning) -> tuple[str, list]:
     qn = connection.ops.quote_name
     names = ", ".join(qn(f.column) for f in columns)
     if len(objs) == 1:
@@ -273,9 +302,7 @@ def _insert(table: str, columns, objs, *, returning) -> list[tuple]:
         )
     if returning:
         sql += " RETURNING " + ", ".join(qn(f.column) for f in returning)
-    with binary_cursor() as cursor:
-        cursor.execute(sql, params)
-        return cursor.fetchall() if returning else []
+    return sql, params
 
 
 def bulk_update_rows(objs: Sequence[models.Model], fields: Sequence[str]) -> None:
@@ -289,7 +316,11 @@ def bulk_update_rows(objs: Sequence[models.Model], fields: Sequence[str]) -> Non
     if connection.vendor != "postgresql":
         model.objects.bulk_update(objs, fields)
         return
-    meta = model._meta
+    _execute(_update_statement(objs, fields))
+
+
+def _update_statement(objs: Sequence[models.Model], fields: Sequence[str]) -> tuple[str, list]:
+    meta = objs[0]._meta
     columns = [meta.pk, *(meta.get_field(name) for name in fields)]
     unnest, selects, params = _unnest(objs, columns, add=False)
     qn = connection.ops.quote_name
@@ -303,8 +334,48 @@ def bulk_update_rows(objs: Sequence[models.Model], fields: Sequence[str]) -> Non
         f"UPDATE {qn(meta.db_table)} AS t SET {assignments} "  # noqa: S608
         f"FROM {unnest} AS v({aliases}) WHERE t.{qn(meta.pk.column)} = v._c0"
     )
-    with binary_cursor() as cursor:
-        cursor.execute(sql, params)
+    return sql, params
+
+
+def write_rows(
+    *,
+    updates: Sequence[tuple[Sequence[models.Model], Sequence[str]]] = (),
+    inserts: Sequence[Sequence[models.Model]] = (),
+) -> None:
+    """``bulk_update_rows(objs, fields)`` of each of ``updates``, then
+    ``bulk_insert_rows(objs, read_back=False)`` of each of ``inserts`` — on
+    PostgreSQL as one statement (the first ones as data-modifying ``WITH``
+    queries of the last), not one each: a statement's own cost, client and
+    server, was most of what a small batch's writes cost
+    (``bench/executor_cost.py``). Elsewhere one at a time.
+
+    As one statement they share a snapshot and none sees another's rows, so
+    no two may write the same row, nor one read what another writes (an
+    insert's foreign key to a row the same call inserts is fine: the
+    constraints are deferred to COMMIT).
+    """
+    updates = [(objs, fields) for objs, fields in updates if objs]
+    inserts = [objs for objs in inserts if objs]
+    statements = []
+    if connection.vendor == "postgresql":
+        for objs in inserts:
+            db_defaults = _db_defaults(objs)
+            if db_defaults is None:  # bulk_create's case: on its own
+                bulk_insert_rows(objs, read_back=False)
+            else:
+                statements.append(_insert_statement(objs, db_defaults))
+        statements[:0] = [_update_statement(objs, fields) for objs, fields in updates]
+    else:
+        for objs, fields in updates:
+            bulk_update_rows(objs, fields)
+        for objs in inserts:
+            bulk_insert_rows(objs, read_back=False)
+    if not statements:
+        return
+    *leading, (last_sql, last_params) = statements
+    sql = ", ".join(f"w{i} AS ({q})" for i, (q, _) in enumerate(leading))
+    params = [value for _, values in leading for value in values]
+    _execute((f"WITH {sql} {last_sql}" if sql else last_sql, [*params, *last_params]))
 
 
 @functools.cache

@@ -71,7 +71,7 @@ from datetime import datetime
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, transaction
 
-from ledger.db import bulk_insert_rows, bulk_update_rows, pipelined, plan_for_cached_data
+from ledger.db import pipelined, plan_for_cached_data, write_rows
 from ledger.exceptions import DuplicateReference, LedgerError, StaleAccounts
 from ledger.models import JournalEntry
 from ledger.services import LedgerBatch, locking_accounts_last
@@ -305,11 +305,23 @@ def _statements(fences, partitions, worker, taken, lock_accounts_last) -> ChunkR
             taken[:] = [(str(p.pk), p.partition) for p in more]
             due.extend(more)
     batch = _run(due, now, worker, result, attempts, events, lock_accounts_last) if due else None
-    bulk_insert_rows(attempts, read_back=False)
-    bulk_insert_rows(events, read_back=False)
+    # the payments' outcomes, attempts and events: one statement (``write_rows``)
+    write_rows(updates=[(due, OUTCOME_FIELDS)], inserts=[attempts, events])
     if batch is not None:
         batch.flush_balances()  # the account locks: last, held until COMMIT
     return result
+
+
+# What running a payment changes on its row (``transitions.complete``/``fail``).
+OUTCOME_FIELDS = (
+    "status",
+    "journal_entry",
+    "executed_at",
+    "error_code",
+    "error_message",
+    "lease_expires_at",
+    "updated_at",
+)
 
 
 def _run(due, now, worker, result, attempts, events, lock_accounts_last) -> LedgerBatch:
@@ -381,18 +393,6 @@ def _run(due, now, worker, result, attempts, events, lock_accounts_last) -> Ledg
     batch.flush()
     transitions.notify_outcomes(
         due, {account_id: account.owner_id for account_id, account in batch.accounts.items()}
-    )
-    bulk_update_rows(
-        due,
-        [
-            "status",
-            "journal_entry",
-            "executed_at",
-            "error_code",
-            "error_message",
-            "lease_expires_at",
-            "updated_at",
-        ],
     )
     return batch
 

@@ -8,9 +8,9 @@ from django.db import DataError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from ledger.db import bulk_insert_rows, bulk_update_rows
+from ledger.db import bulk_insert_rows, bulk_update_rows, write_rows
 from ledger.models import EntryKind, JournalEntry, Posting
-from payments.models import IdempotencyKey, IdempotencyStatus, Payment
+from payments.models import IdempotencyKey, IdempotencyStatus, Payment, PaymentEvent
 from tests.factories import AccountFactory, UserFactory
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
@@ -203,3 +203,87 @@ def test_an_over_long_text_is_refused_not_cut_short(n):
     with pytest.raises(DataError, match="too long"), transaction.atomic():
         bulk_update_rows(stored, ["reference"])
     assert JournalEntry.objects.filter(reference__startswith="short:").count() == n
+
+
+def stored_payments(payments):
+    columns = [f.attname for f in Payment._meta.concrete_fields if f.attname != "updated_at"]
+    rows = Payment.objects.filter(pk__in=[p.pk for p in payments]).order_by("pk")
+    return [tuple(getattr(p, c) for c in columns) for p in rows]
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_writes_sent_together_leave_the_rows_separate_writes_do(n):
+    """``write_rows``: updates and inserts of several tables in one statement,
+    each row as ``bulk_update_rows``/``bulk_insert_rows(read_back=False)``
+    would leave it (one row: bound values; several: arrays)."""
+    owner = UserFactory()
+    source, target = AccountFactory(owner=owner), AccountFactory()
+    due = timezone.now() + timedelta(hours=1)
+    together, apart = (payment_rows(n, owner, source, target, due) for _ in range(2))
+    bulk_insert_rows(together + apart)
+    for p in together + apart:
+        p.status, p.error_code, p.fence = "FAILED", "gone", p.fence + 1
+
+    def events(payments, tag):
+        return [
+            PaymentEvent(
+                payment=p,
+                type="executed",
+                from_status="QUEUED",
+                to_status="FAILED",
+                actor=tag,
+                data={"n": i},
+            )
+            for i, p in enumerate(payments)
+        ]
+
+    with CaptureQueriesContext(connection) as one:
+        write_rows(
+            updates=[(together, ["status", "error_code", "fence"])],
+            inserts=[events(together, "together"), [entry(f"w:{i}") for i in range(n)]],
+        )
+    assert len(one) == 1 and one[0]["sql"].startswith("WITH w0 AS (UPDATE")
+    bulk_update_rows(apart, ["status", "error_code", "fence"])
+    bulk_insert_rows(events(apart, "apart"), read_back=False)
+    assert [row[1:] for row in stored_payments(together)] == [
+        row[1:] for row in stored_payments(apart)
+    ]
+    assert {p.status for p in Payment.objects.filter(pk__in=[p.pk for p in together])} == {"FAILED"}
+
+    def written(tag):
+        rows = PaymentEvent.objects.filter(actor=tag).values_list("to_status", "data", "type")
+        return sorted(rows, key=lambda row: row[1]["n"])
+
+    assert written("together") == written("apart") != []
+    assert JournalEntry.objects.filter(reference__startswith="w:").count() == n
+
+
+def test_writes_sent_together_hand_a_batch_mixing_defaults_to_bulk_create():
+    """An insert whose objects disagree on a database default goes out on its own
+    (Django's bulk_create keeps each row's), the rest still together."""
+    when = timezone.now() - timedelta(days=1)
+    with CaptureQueriesContext(connection) as ctx:
+        write_rows(
+            inserts=[
+                [entry("wmix:given", created_at=when), entry("wmix:default")],
+                [entry("wmix:a"), entry("wmix:b")],
+            ]
+        )
+    assert len(ctx) == 2
+    stored = dict(
+        JournalEntry.objects.filter(reference__startswith="wmix:").values_list(
+            "reference", "created_at"
+        )
+    )
+    assert stored["wmix:given"] == when
+    assert stored["wmix:default"] > when
+    assert stored.keys() == {"wmix:given", "wmix:default", "wmix:a", "wmix:b"}
+
+
+def test_writes_sent_together_send_nothing_for_nothing():
+    with CaptureQueriesContext(connection) as ctx:
+        write_rows(updates=[([], ["status"])], inserts=[[], []])
+    assert len(ctx) == 0
+    with CaptureQueriesContext(connection) as ctx:
+        write_rows(inserts=[[], [entry("wone:0")]])
+    assert len(ctx) == 1 and ctx[0]["sql"].startswith("INSERT")

@@ -161,6 +161,39 @@ def test_completed_and_failed_payments_emit_events(alice, bob, receiver, monkeyp
     assert types == {ok: "payment.completed", bad: "payment.failed"}
 
 
+def test_events_go_to_subscribed_active_endpoints_and_bad_subscriptions_match_nothing(
+    alice, bob, receiver
+):
+    """``emit`` records an event for a client with an active endpoint subscribed
+    to its type, and nothing else; an ``event_types`` that is not a list (written
+    past the API's validation) subscribes to nothing and fails no one's call."""
+    register(alice, receiver.url, events=("payment.completed",))
+    inactive = register(alice, receiver.url, events=("payment.failed",))
+    WebhookEndpoint.objects.filter(pk=inactive["webhook_endpoint_id"]).update(is_active=False)
+    broken = register(bob, receiver.url, events=("payment.completed",))
+    for bad in ({"payment.completed": True}, "payment.completed", 7):
+        WebhookEndpoint.objects.filter(pk=broken["webhook_endpoint_id"]).update(event_types=bad)
+        with transaction.atomic():
+            rows = webhooks.emit(
+                [
+                    (alice.user.pk, "payment.completed", {"n": 1}),
+                    (alice.user.pk, "payment.failed", {"n": 2}),
+                    (alice.user.pk, "payment.cancelled", {"n": 3}),
+                    (bob.user.pk, "payment.completed", {"n": 4}),
+                    (bob.user.pk, "payment.failed", {"n": 5}),
+                ]
+            )
+        assert [(r.client_id, r.event_type, r.data) for r in rows] == [
+            (alice.user.pk, "payment.completed", {"n": 1})
+        ]
+    WebhookEndpoint.objects.filter(pk=broken["webhook_endpoint_id"]).update(
+        event_types=["payment.failed", "payment.completed"]
+    )
+    with transaction.atomic():
+        rows = webhooks.emit([(bob.user.pk, "payment.completed", {}), (bob.user.pk, "x", {})])
+    assert [(r.client_id, r.event_type) for r in rows] == [(bob.user.pk, "payment.completed")]
+
+
 def test_delivery_is_enqueued_after_commit(
     alice, receiver, django_capture_on_commit_callbacks, monkeypatch
 ):
