@@ -1,17 +1,40 @@
 """Celery application shared by web (publisher), beat and workers."""
 
+import gc
 import os
 import warnings
 
 from celery import Celery
 from celery.exceptions import SecurityWarning
-from celery.signals import celeryd_init, task_postrun, task_prerun, worker_process_shutdown
+from celery.signals import (
+    celeryd_init,
+    task_postrun,
+    task_prerun,
+    worker_process_init,
+    worker_process_shutdown,
+    worker_ready,
+)
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "scheduler_project.settings.base")
 
 app = Celery("scheduler_project")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@worker_process_init.connect
+@worker_ready.connect
+def _freeze_loaded_objects(**kwargs):
+    """Leave what the worker loaded before its first task (Django, the app, Celery
+    — ~100,000 objects) out of the garbage collector's full collections
+    (``gc.freeze``): in a pool process after the fork, in the main process (and a
+    threads-pool worker's) once ready. Executing payments allocates enough that
+    CPython runs a full collection every ~1,000 of them, and each walked every
+    one of those objects: ~30 ms, a fifth of a payment's CPU in a batch
+    (0.031-0.036 of 0.15-0.16 ms; frozen, 0.0007). The frozen objects live as
+    long as the process anyway; a prefork child also stops dirtying the pages
+    it shares with its parent to mark them."""
+    gc.freeze()
 
 
 @worker_process_shutdown.connect
