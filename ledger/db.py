@@ -273,10 +273,11 @@ def _execute(statement: tuple[str, list]) -> None:
 
 
 def _insert(table: str, columns, objs, *, returning) -> list[tuple]:
+    """Insert and read back the ``returning`` columns of every row."""
     sql, params = _insert_sql(table, columns, objs, returning=returning)
     with binary_cursor() as cursor:
         cursor.execute(sql, params)
-        return cursor.fetchall() if returning else []
+        return cursor.fetchall()
 
 
 def _insert_sql(table: str, columns, objs, *, returning) -> tuple[str, list]:
@@ -356,20 +357,19 @@ def write_rows(
     """
     updates = [(objs, fields) for objs, fields in updates if objs]
     inserts = [objs for objs in inserts if objs]
-    statements = []
-    if connection.vendor == "postgresql":
-        for objs in inserts:
-            db_defaults = _db_defaults(objs)
-            if db_defaults is None:  # bulk_create's case: on its own
-                bulk_insert_rows(objs, read_back=False)
-            else:
-                statements.append(_insert_statement(objs, db_defaults))
-        statements[:0] = [_update_statement(objs, fields) for objs, fields in updates]
-    else:
+    if connection.vendor != "postgresql":  # Django's bulk methods, as the two above
         for objs, fields in updates:
-            bulk_update_rows(objs, fields)
+            type(objs[0]).objects.bulk_update(objs, fields)
         for objs in inserts:
-            bulk_insert_rows(objs, read_back=False)
+            type(objs[0]).objects.bulk_create(objs)
+        return
+    statements = [_update_statement(objs, fields) for objs, fields in updates]
+    for objs in inserts:
+        db_defaults = _db_defaults(objs)
+        if db_defaults is None:  # the objects disagree on a default: on its own
+            type(objs[0]).objects.bulk_create(objs)
+        else:
+            statements.append(_insert_statement(objs, db_defaults))
     if not statements:
         return
     *leading, (last_sql, last_params) = statements
