@@ -351,9 +351,11 @@ def write_rows(
     (``bench/executor_cost.py``). Elsewhere one at a time.
 
     As one statement they share a snapshot and none sees another's rows, so
-    no two may write the same row, nor one read what another writes (an
-    insert's foreign key to a row the same call inserts is fine: the
-    constraints are deferred to COMMIT).
+    no two may write the same row, nor one read what another writes —
+    triggers' reads included (an insert's foreign key to a row the same call
+    inserts is fine: the constraints are deferred to COMMIT). An insert whose
+    objects disagree on a database default goes to ``bulk_create`` on its
+    own, before the rest.
     """
     updates = [(objs, fields) for objs, fields in updates if objs]
     inserts = [objs for objs in inserts if objs]

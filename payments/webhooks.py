@@ -138,7 +138,8 @@ def emit(events: Iterable[tuple[int, str, dict | Callable[[], dict]]]) -> list[W
 # and its JSON loading were 0.3 ms of a batch's ~3 ms fixed cost
 # (bench/executor_cost.py). An ``event_types`` that is not a list (written
 # past the API's validation) subscribes to nothing, as it must not fail the
-# batch of every client in it (DESIGN §8).
+# batch of every client in it (DESIGN §8); the fan-out (``dispatch``) holds to
+# the same rule.
 _SUBSCRIPTIONS_SQL = """
 SELECT DISTINCT ep.client_id, t.event_type
   FROM payments_webhookendpoint ep,
@@ -152,7 +153,7 @@ def _subscriptions(clients: set[int]) -> set[tuple[int, str]]:
     """The ``(client id, event type)`` pairs of ``clients``' active endpoints."""
     if connection.vendor == "postgresql":
         with binary_cursor(binary_results=True) as cursor:
-            cursor.execute(_SUBSCRIPTIONS_SQL, [sorted(clients)])
+            cursor.execute(_SUBSCRIPTIONS_SQL, [[c for c in clients if c is not None]])
             return set(cursor.fetchall())
     return {
         (client_id, event_type)
@@ -213,7 +214,8 @@ WITH pairs AS (
            e.event_type, e.data, e.created_at, ep.circuit_open_until IS NULL AS closed
       FROM payments_webhookevent e
       JOIN payments_webhookendpoint ep
-        ON ep.client_id = e.client_id AND ep.is_active AND ep.event_types ? e.event_type
+        ON ep.client_id = e.client_id AND ep.is_active
+       AND jsonb_typeof(ep.event_types) = 'array' AND ep.event_types ? e.event_type
      WHERE e.id = ANY(%s::uuid[])
 ), inserted AS (
     INSERT INTO payments_webhookdelivery
@@ -251,8 +253,8 @@ def _fan_out_python(events) -> list[tuple]:
     deliveries, closed = [], []
     for event in events:
         for endpoint_id, types, is_closed in endpoints.get(event.client_id, ()):
-            if event.event_type not in types:
-                continue
+            if not isinstance(types, list) or event.event_type not in types:
+                continue  # a non-list subscribes to nothing (``_subscriptions``)
             delivery = WebhookDelivery(
                 endpoint_id=endpoint_id, event=event, event_type=event.event_type
             )

@@ -194,6 +194,31 @@ def test_events_go_to_subscribed_active_endpoints_and_bad_subscriptions_match_no
     assert [(r.client_id, r.event_type) for r in rows] == [(bob.user.pk, "payment.completed")]
 
 
+def test_fan_out_skips_an_endpoint_whose_subscriptions_are_not_a_list(alice, bob, receiver):
+    """Beside a client's good endpoint, one whose ``event_types`` is not a list
+    (written past the API's validation) gets no delivery, and the fan-out of
+    the other clients' events in the same batch goes on."""
+    good = register(bob, receiver.url, events=("payment.completed",))
+    broken = register(bob, receiver.url, events=("payment.completed",))
+    register(alice, receiver.url, events=("payment.completed",))
+    for bad in ({"payment.completed": True}, "payment.completed", 7):
+        WebhookEndpoint.objects.filter(pk=broken["webhook_endpoint_id"]).update(event_types=bad)
+        with transaction.atomic():
+            rows = webhooks.emit(
+                [
+                    (bob.user.pk, "payment.completed", {"bad": str(bad)}),
+                    (alice.user.pk, "payment.completed", {"bad": str(bad)}),
+                ]
+            )
+        webhooks.dispatch([row.pk for row in rows])
+        made = WebhookDelivery.objects.filter(event__in=rows)
+        assert sorted(
+            str(e) for e in made.values_list("endpoint__client__username", flat=True)
+        ) == sorted([bob.user.username, alice.user.username])
+        assert not made.filter(endpoint_id=broken["webhook_endpoint_id"]).exists()
+        assert made.filter(endpoint_id=good["webhook_endpoint_id"]).count() == 1
+
+
 def test_delivery_is_enqueued_after_commit(
     alice, receiver, django_capture_on_commit_callbacks, monkeypatch
 ):
