@@ -203,10 +203,10 @@ def bulk_insert_rows(objs: Sequence[models.Model], *, read_back: bool = True) ->
     if connection.vendor != "postgresql" or db_defaults is None:
         model.objects.bulk_create(objs)
         return
-    auto_pk = isinstance(pk, AutoFieldMixin) and any(obj.pk is None for obj in objs)
     if not read_back:
         _execute(_insert_statement(objs, db_defaults))
         return
+    auto_pk = isinstance(pk, AutoFieldMixin) and any(obj.pk is None for obj in objs)
     if auto_pk and len(objs) == 1:
         # One row: the row RETURNING gives back is its own, so the database
         # assigns the pk in the INSERT itself, without a sequence round trip
@@ -243,10 +243,8 @@ def _db_defaults(objs: Sequence[models.Model]) -> list[models.Field] | None:
     """The fields ``objs`` leave to their database default, as the first object
     has them; None when the objects disagree (one gives a value the next
     leaves to the default, either way round): ``bulk_create`` handles that."""
-    defaulted = [
-        f for f in objs[0]._meta.concrete_fields if f.db_default is not models.NOT_PROVIDED
-    ]
     first = objs[0]
+    defaulted = [f for f in first._meta.concrete_fields if f.db_default is not models.NOT_PROVIDED]
     db_defaults = [f for f in defaulted if isinstance(getattr(first, f.attname), DatabaseDefault)]
     mixed = any(
         isinstance(getattr(obj, f.attname), DatabaseDefault) != (f in db_defaults)

@@ -160,8 +160,14 @@ def _subscriptions(clients: set[int]) -> set[tuple[int, str]]:
         for client_id, types in WebhookEndpoint.objects.filter(
             client_id__in=clients, is_active=True
         ).values_list("client_id", "event_types")
-        for event_type in (types if isinstance(types, list) else ())
+        for event_type in _listed(types)
     }
+
+
+def _listed(event_types) -> list:
+    """An endpoint's ``event_types`` as subscriptions: a value that is not a list
+    subscribes to nothing (``_SUBSCRIPTIONS_SQL``, ``_FAN_OUT_SQL``)."""
+    return event_types if isinstance(event_types, list) else []
 
 
 # Sent after commit with the ids of the events a transaction recorded
@@ -253,8 +259,8 @@ def _fan_out_python(events) -> list[tuple]:
     deliveries, closed = [], []
     for event in events:
         for endpoint_id, types, is_closed in endpoints.get(event.client_id, ()):
-            if not isinstance(types, list) or event.event_type not in types:
-                continue  # a non-list subscribes to nothing (``_subscriptions``)
+            if event.event_type not in _listed(types):
+                continue
             delivery = WebhookDelivery(
                 endpoint_id=endpoint_id, event=event, event_type=event.event_type
             )

@@ -161,6 +161,10 @@ def test_completed_and_failed_payments_emit_events(alice, bob, receiver, monkeyp
     assert types == {ok: "payment.completed", bad: "payment.failed"}
 
 
+# event_types an endpoint may hold when written past the API's validation
+NOT_LISTS = ({"payment.completed": True}, "payment.completed", 7)
+
+
 def test_events_go_to_subscribed_active_endpoints_and_bad_subscriptions_match_nothing(
     alice, bob, receiver
 ):
@@ -171,7 +175,7 @@ def test_events_go_to_subscribed_active_endpoints_and_bad_subscriptions_match_no
     inactive = register(alice, receiver.url, events=("payment.failed",))
     WebhookEndpoint.objects.filter(pk=inactive["webhook_endpoint_id"]).update(is_active=False)
     broken = register(bob, receiver.url, events=("payment.completed",))
-    for bad in ({"payment.completed": True}, "payment.completed", 7):
+    for bad in NOT_LISTS:
         WebhookEndpoint.objects.filter(pk=broken["webhook_endpoint_id"]).update(event_types=bad)
         with transaction.atomic():
             rows = webhooks.emit(
@@ -201,7 +205,7 @@ def test_fan_out_skips_an_endpoint_whose_subscriptions_are_not_a_list(alice, bob
     good = register(bob, receiver.url, events=("payment.completed",))
     broken = register(bob, receiver.url, events=("payment.completed",))
     register(alice, receiver.url, events=("payment.completed",))
-    for bad in ({"payment.completed": True}, "payment.completed", 7):
+    for bad in NOT_LISTS:
         WebhookEndpoint.objects.filter(pk=broken["webhook_endpoint_id"]).update(event_types=bad)
         with transaction.atomic():
             rows = webhooks.emit(
