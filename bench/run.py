@@ -56,6 +56,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.harness.charts import charts
+from bench.harness.db import server_autovacuum
 from bench.harness.processes import ROOT
 from bench.harness.report import (
     cpu_probe_ms,
@@ -282,6 +283,14 @@ def parse_args(argv=None):
         help="capacity: gunicorn's CPU weight as a nice level of its session (6: about the 1:4 "
         "weight docker-compose's cpu_shares: 256 gives web; default 0, the workers' weight)",
     )
+    parser.add_argument(
+        "--autovacuum",
+        choices=("on", "server"),
+        default="on",
+        help="PostgreSQL's autovacuum during the run: 'on' (as production runs it; turned on "
+        "for the run and put back after on a server configured without it, such as CI's) or "
+        "'server' (as the server is configured; the runs of record up to session 23)",
+    )
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--scenario", help=argparse.SUPPRESS)
     parser.add_argument("--scenario-out", help=argparse.SUPPRESS)
@@ -310,16 +319,18 @@ def main() -> int:
     revision = git_revision()  # now: the code the scenarios start with
     probes = {"before": cpu_probe_ms()}
     results = {}
-    for name in selected:
-        results[name] = run_scenario_subprocess(name, child_argv, out)
-        probes[f"after {name}"] = cpu_probe_ms()
+    with server_autovacuum(args.autovacuum):
+        for name in selected:
+            results[name] = run_scenario_subprocess(name, child_argv, out)
+            probes[f"after {name}"] = cpu_probe_ms()
+        host = machine()  # with the settings the scenarios ran with
     report = {
         "name": args.name,
         "date": date.isoformat(timespec="seconds"),
         "command": "bench/run.py " + " ".join(sys.argv[1:]),
         "git": revision,
         "cpu_probe_ms": probes,
-        "machine": machine(),
+        "machine": host,
         # service settings differing from the defaults in settings/base.py
         "env_overrides": {
             k: v for k, v in sorted(os.environ.items()) if k.startswith(("PAYMENT_", "CELERY_"))
