@@ -38,7 +38,9 @@ the shared harness ``bench/harness/`` (processes, metrics, the database clock,
 data loading, reports and charts); this file runs them and writes the report.
 
 ``--quick`` shrinks every size (a smoke run of the harness, not a result;
-capacity: steps 50,100 of 20 s unless given).
+capacity: steps 50,100 of 20 s unless given). PostgreSQL runs with autovacuum
+on for the run, as production runs it, even on a server configured without it
+(``--autovacuum server`` leaves the server as it is; ``harness.db.server_autovacuum``).
 Lateness is ``executed_at - due_at``, both stamped by the database clock.
 """
 
