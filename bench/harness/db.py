@@ -48,7 +48,7 @@ def prepare(database: str, redis_db: int, **extra: str) -> dict[str, str]:
 
 
 _AUTOVACUUM_SOURCE_SQL = """
-SELECT setting, coalesce(sourcefile, '') LIKE '%%postgresql.auto.conf'
+SELECT setting, coalesce(sourcefile, '') LIKE '%postgresql.auto.conf'
   FROM pg_settings WHERE name = 'autovacuum'
 """
 
@@ -64,11 +64,10 @@ def autovacuum_switch(wanted: str, before: str, in_auto_conf: bool) -> tuple[lis
     if wanted == "server" or before == "on":
         return [], []
     reload = "SELECT pg_reload_conf()"
-    restore = (
-        f"ALTER SYSTEM SET autovacuum = {before}"
-        if in_auto_conf
-        else ("ALTER SYSTEM RESET autovacuum")
-    )
+    if in_auto_conf:
+        restore = f"ALTER SYSTEM SET autovacuum = {before}"
+    else:
+        restore = "ALTER SYSTEM RESET autovacuum"
     return ["ALTER SYSTEM SET autovacuum = on", reload], [restore, reload]
 
 
