@@ -87,3 +87,34 @@ def test_detached_channel_keeps_its_sync_and_async_parameters_apart(unacked_chan
     channel.connection.client = None
     assert channel._connparams() == sync
     assert channel._connparams(asynchronous=True) == asynchronous
+
+
+def test_channel_keeps_one_client_per_pool(unacked_channel, broker):
+    """kombu built a redis-py client per command; ours keeps one while its pool
+    lasts, and the messages go on as before: the taken one is acknowledged."""
+    _conn, channel, name = unacked_channel("redis")
+    with channel.conn_or_acquire() as first, channel.conn_or_acquire() as second:
+        assert first is second
+        assert first.connection_pool is channel.pool
+    given = redis.Redis(connection_pool=channel.pool)
+    with channel.conn_or_acquire(given) as passed:
+        assert passed is given
+    assert broker.hlen(channel.qos.unacked_key) == 1
+    (tag,) = channel.qos._delivered
+    channel.basic_ack(tag)
+    assert broker.hlen(channel.qos.unacked_key) == 0
+    assert broker.zcard(channel.qos.unacked_index_key) == 0
+    assert broker.llen(name) == 0
+
+
+def test_a_new_pool_gets_a_new_client(unacked_channel):
+    """After a connection loss kombu drops the channel's pools; the next command
+    must not go through a client bound to the dropped pool."""
+    _conn, channel, _name = unacked_channel("redis")
+    with channel.conn_or_acquire() as before:
+        old_pool = before.connection_pool
+    channel._disconnect_pools()
+    with channel.conn_or_acquire() as after:
+        assert after is not before
+        assert after.connection_pool is channel.pool is not old_pool
+        assert after.ping()
