@@ -172,6 +172,27 @@ def plan_for_cached_data() -> None:
             cursor.execute("SET LOCAL random_page_cost = 1.1")
 
 
+def bound_transaction_time(seconds: float) -> None:
+    """Within the caller's transaction, let no statement run, and the
+    transaction not sit idle, longer than ``seconds`` (``SET LOCAL
+    statement_timeout`` and ``idle_in_transaction_session_timeout``;
+    PostgreSQL only, else nothing).
+
+    A statement past it is cancelled (``OperationalError``, so the caller's
+    transaction rolls back); a session idle in the transaction past it is
+    ended by the server, which frees its row locks even if the process that
+    holds them is stuck. For work that has no other time limit: a solo-pool
+    Celery worker runs its task in the process that consumes, where Celery's
+    time limits do not apply. ``LOCAL``, like ``plan_for_cached_data``: it
+    ends with the transaction.
+    """
+    if connection.vendor == "postgresql":
+        milliseconds = max(int(seconds * 1000), 1)
+        with connection.cursor() as cursor:
+            cursor.execute(f"SET LOCAL statement_timeout = {milliseconds}")
+            cursor.execute(f"SET LOCAL idle_in_transaction_session_timeout = {milliseconds}")
+
+
 def _unnest(objs, columns, *, add: bool) -> tuple[str, list[str], list[list]]:
     params = [_column_values(objs, f, add=add) for f in columns]
     types = [_array_type(f) for f in columns]

@@ -88,15 +88,17 @@ class Processes:
         return self._start(name, args)
 
     def production_topology(self) -> int:
-        """The Procfile's workers: payments, timers, recurring (+ maintenance), webhooks.
+        """The Procfile's workers: payments (two solo-pool processes, as
+        ``scripts/dev`` runs them), timers, recurring (+ maintenance), webhooks.
 
         Returns how many worker nodes were started (to wait for their pings).
         """
-        self.worker(exclude="timers,recurring,webhooks,default")
+        for _ in range(2):
+            self.worker(1, exclude="timers,recurring,webhooks,default", pool="solo")
         self.worker(1, queues="timers", name="timers")
         self.worker(2, queues="recurring,default", name="recurring")
         self.worker(4, queues="webhooks", pool="threads", name="webhooks")
-        return 4
+        return 5
 
     def beat(self) -> subprocess.Popen:
         schedule = self.tmp_path / "beat-schedule"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -24,6 +25,17 @@ NON_PAYMENT_QUEUES = "timers,recurring,webhooks,default"
 
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+
+def payment_workers(count: int, role: str, log_level: str) -> list[str]:
+    """A command that runs ``count`` payment workers as the Procfile does (one
+    solo-pool process each, every partition's queue) and waits for them all."""
+    one = [sys.executable, "-m", "celery", "-A", "scheduler_project", "worker", "--pool", "solo"]
+    one += ["--without-mingle", "--without-gossip", "-X", NON_PAYMENT_QUEUES, "-l", log_level]
+    each = [shlex.join([*one, "-n", f"{role}.{n}@%h"]) + " &" for n in range(1, count + 1)]
+    # a SIGTERM to the group stops the workers (warm shutdown); the shell
+    # waits on, so whoever waits for it waits until they have exited
+    return ["sh", "-c", " ".join(["trap : TERM INT;", *each, "wait; wait"])]
 
 
 def service_env(database: str, redis_db: int, **extra: str) -> dict[str, str]:
@@ -90,7 +102,16 @@ class Service:
         nice: int = 0,
     ):
         """A payment worker (every queue but the other workers', as in the Procfile)
-        unless ``queues`` is given."""
+        unless ``queues`` is given.
+
+        The payment worker is ``concurrency`` solo-pool processes, as the
+        Procfile runs it (``honcho start -c worker=2``): started as one process
+        group under a shell, so that the returned process's tree holds them all
+        (its CPU is theirs) and a kill of the role takes every one."""
+        if queues is None and pool is None:
+            return self.start(
+                role, payment_workers(concurrency, role, self.env["LOG_LEVEL"]), nice=nice
+            )
         args = ["worker", "-c", str(concurrency), "--without-mingle", "--without-gossip"]
         args += ["-n", f"{role}@%h"]
         args += ["-Q", queues] if queues else ["-X", NON_PAYMENT_QUEUES]

@@ -71,7 +71,7 @@ from datetime import datetime
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, transaction
 
-from ledger.db import pipelined, plan_for_cached_data, write_rows
+from ledger.db import bound_transaction_time, pipelined, plan_for_cached_data, write_rows
 from ledger.exceptions import DuplicateReference, LedgerError, StaleAccounts
 from ledger.models import JournalEntry
 from ledger.services import LedgerBatch, locking_accounts_last
@@ -265,6 +265,9 @@ def _execute(items, partitions, worker, taken, *, lock_accounts_last: bool) -> C
         # Nothing in it may read a row count (see ``pipelined``).
         with pipelined():
             plan_for_cached_data()  # batch UPDATEs by key, not a hash of the table
+            # the batch's time limit: payment workers run the solo pool, where
+            # Celery's time limits do not apply (settings, PAYMENT_BATCH_TIMEOUT_SECONDS)
+            bound_transaction_time(settings.PAYMENT_BATCH_TIMEOUT_SECONDS)
             result = _statements(fences, partitions, worker, taken, lock_accounts_last)
         transaction.on_commit(lambda: _after_commit(result))
     if result.stale:

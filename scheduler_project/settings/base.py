@@ -420,8 +420,12 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 # - prefetch 1: each pool process reserves one message at a time, so a slow or
 #   dying worker strands at most one chunk and others take the rest;
 CELERY_WORKER_PREFETCH_MULTIPLIER = env.int("CELERY_WORKER_PREFETCH_MULTIPLIER", default=1)
-# - time limits: a chunk normally takes milliseconds; a hung one is killed
-#   (hard) after 120 s, well inside the lease, and its message redelivered.
+# - time limits: a task normally takes milliseconds; a hung one is killed
+#   (hard) after 120 s and its message redelivered. Celery applies them in
+#   prefork pools only: the payment workers run the solo pool (Procfile; the
+#   process that takes a chunk runs it, with no pool child to hand it to),
+#   so the executor's transaction carries its own limit in PostgreSQL
+#   (PAYMENT_BATCH_TIMEOUT_SECONDS below).
 CELERY_TASK_SOFT_TIME_LIMIT = 90
 CELERY_TASK_TIME_LIMIT = 120
 # Database connections in workers: Celery's Django fixup closes every
@@ -529,6 +533,14 @@ PAYMENT_SWEEP_TICK_MS = env.int("PAYMENT_SWEEP_TICK_MS", default=200)
 PAYMENT_SWEEP_WINDOW_SECONDS = env.float("PAYMENT_SWEEP_WINDOW_SECONDS", default=0.9)
 # Claims before a payment is dead-lettered (FAILED max_attempts_exceeded).
 PAYMENT_MAX_ATTEMPTS = env.int("PAYMENT_MAX_ATTEMPTS", default=5)
+# The executor's time limit per batch, in PostgreSQL (ledger.db.bound_transaction_time):
+# no statement of its transaction runs longer, and the transaction does not sit
+# idle longer (a stuck process's row locks are freed by the server). A batch
+# takes milliseconds (an 800-payment one ~0.3 s on 2 cores); one that hits the
+# limit fails with OperationalError, a transient error: retried with backoff,
+# then split. Well inside the lease, so the reaper never takes back a payment
+# a live batch is still running.
+PAYMENT_BATCH_TIMEOUT_SECONDS = env.float("PAYMENT_BATCH_TIMEOUT_SECONDS", default=30.0)
 # Executor retries of a chunk on transient database errors before splitting it.
 PAYMENT_CHUNK_RETRIES = env.int("PAYMENT_CHUNK_RETRIES", default=3)
 # Recurring payments: occurrences are materialised (hold placed, payment

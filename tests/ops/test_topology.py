@@ -76,6 +76,9 @@ def test_each_kind_of_work_has_a_pool_of_its_own(source):
     assert payment_workers
     for name in payment_workers:
         assert workers[name] == PAYMENT_QUEUES, (name, workers[name] - PAYMENT_QUEUES)
+        # the process that takes a chunk runs it (no pool child to hand it to);
+        # the batch's time limit is PostgreSQL's (PAYMENT_BATCH_TIMEOUT_SECONDS)
+        assert pool(argv[name]) == "solo", name
     # the sweep must not share its single process with anything
     timer_argv = argv[by_role["timers"][0]]
     assert timer_argv[timer_argv.index("--concurrency") + 1] == "1"
@@ -110,3 +113,11 @@ def test_compose_shares_one_metrics_directory_emptied_at_start():
     empty = " ".join(apps["migrate"]["command"])
     assert f"find {directory}" in empty and "-delete" in empty
     assert empty.index("-delete") < empty.index("migrate --noinput")
+
+
+def test_payment_workers_run_as_several_processes():
+    """One solo process is one batch at a time: every definition runs two."""
+    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    assert services["worker"]["deploy"]["replicas"] >= 2
+    dev = (ROOT / "scripts" / "dev").read_text()
+    assert 'Procfile.dev start -c worker="${PAYMENT_WORKERS:-2}"' in dev

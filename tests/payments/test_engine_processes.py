@@ -184,12 +184,25 @@ def test_broker_wiped_is_recovered_by_the_reaper(procs):
     assert Account.objects.get(pk=target).balance == 200
 
 
-def test_kill_9_worker_mid_run(procs):
+def _payment_workers(procs, pool: str) -> list:
+    """The payment worker as shipped (two solo-pool processes, Procfile and
+    scripts/dev) or as a prefork pool of two."""
+    if pool == "solo":
+        return [procs.worker(1, pool="solo") for _ in range(2)]
+    return [procs.worker()]
+
+
+@pytest.mark.parametrize("pool", ["solo", "prefork"])
+def test_kill_9_worker_mid_run(procs, pool):
+    """kill -9 of a payment worker mid-run (solo: one of the two processes,
+    whose batch dies with it and whose claims the reaper takes back after
+    their lease; prefork: the parent and its pool, whose messages Redis holds
+    unacknowledged): every payment completes exactly once."""
     owner = UserFactory()
     sources = [AccountFactory(owner=owner, funded=100_000).pk for _ in range(40)]
     targets = [AccountFactory().pk for _ in range(10)]
     ids = bulk_schedule(sources=sources, targets=targets, count=2000, amount=7, due_at=db_now())
-    worker = procs.worker()
+    worker = _payment_workers(procs, pool)[0]
     procs.beat()
     wait_until(
         lambda: Payment.objects.filter(pk__in=ids, status="COMPLETED").count() >= 200,
@@ -200,7 +213,7 @@ def test_kill_9_worker_mid_run(procs):
     procs.kill9(worker)
     done_at_kill = Payment.objects.filter(pk__in=ids, status="COMPLETED").count()
     assert done_at_kill < 2000, "worker finished before it could be killed"
-    procs.worker()
+    _payment_workers(procs, pool)
     wait_until(lambda: all_completed(ids), 120, message="2000 payments COMPLETED after kill -9")
     assert_exactly_once(ids)
     total = sum(Account.objects.filter(pk__in=targets).values_list("balance", flat=True))
