@@ -112,7 +112,7 @@ class Quarantine:
     and after the lease the collapse would not take them anyway. Not a
     database fact: per process, and lost with it, which costs at most one
     more failed batch per process. Capped at ``limit`` ids, oldest dropped.
-    Not thread-safe: payment workers run a prefork pool (``Procfile``).
+    Not thread-safe: payment workers run the solo pool, one task at a time (``Procfile``).
 
     Kept by partition, and bounded in what it costs a batch (DESIGN §8: a
     storm of one client's bad payments must not slow the others'): a

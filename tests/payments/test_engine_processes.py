@@ -362,3 +362,33 @@ def test_payment_worker_survives_a_redis_restart_with_a_chunk_in_flight(
     assert "Unrecoverable error" not in procs.logs()
     assert_exactly_once(first + second)
     assert Account.objects.get(pk=target).balance == 12
+
+
+def test_solo_payment_worker_survives_a_redis_restart_with_a_chunk_in_flight(
+    procs, tmp_path, private_redis
+):
+    """The same as above for the pool the Procfile runs: a solo worker's consumer
+    is the process executing the chunk, so it meets the restarted (empty) Redis
+    only when the chunk ends and it acknowledges the message. It must go on:
+    alive, consuming from the new Redis, every payment once. (Stock kombu's
+    transport passes this one too: the restore over a detached transport that
+    the test above is for happens only while a consumer polls beside a task.)"""
+    procs.env["CELERY_BROKER_URL"] = private_redis.url  # for every process started below
+    owner = UserFactory()
+    source, target = AccountFactory(owner=owner, funded=1_000).pk, AccountFactory().pk
+    first = bulk_schedule(sources=[source], targets=[target], count=1, amount=5, due_at=db_now())
+    with transaction.atomic():
+        lock_accounts([target])
+        worker = procs.worker(1, pool="solo")
+        procs.worker(1, queues="timers", name="timers")
+        procs.beat()
+        wait_until(_chunk_waits_for_an_account_lock, 60, message="the chunk to be in flight")
+        private_redis.kill()
+        private_redis.start()
+    wait_until(lambda: all_completed(first), 60, message="the in-flight payment COMPLETED")
+    second = bulk_schedule(sources=[source], targets=[target], count=1, amount=7, due_at=db_now())
+    wait_until(lambda: all_completed(second), 60, message="a new payment COMPLETED")
+    assert worker.poll() is None
+    assert "Unrecoverable error" not in procs.logs()
+    assert_exactly_once(first + second)
+    assert Account.objects.get(pk=target).balance == 12
