@@ -254,7 +254,9 @@ def parse_args(argv=None):
     )
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
     parser.add_argument("--payments", type=int, default=100_000)
-    parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument(
+        "--concurrency", type=int, default=2, help="payment worker processes (solo pool)"
+    )
     parser.add_argument("--steady-rate", type=float, default=350)
     parser.add_argument("--steady-seconds", type=float, default=180)
     parser.add_argument("--api-schedule-rate", type=float, default=50)

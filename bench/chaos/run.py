@@ -367,8 +367,12 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=50.0, help="payments created per second")
     parser.add_argument("--api-share", type=float, default=0.2, help="share created via the API")
     parser.add_argument("--api-streams", type=int, default=4, help="concurrent API clients")
-    parser.add_argument("--workers", type=int, default=2, help="Celery worker processes")
-    parser.add_argument("--concurrency", type=int, default=2, help="pool size of each worker")
+    parser.add_argument(
+        "--workers", type=int, default=2, help="payment workers (each killed as one)"
+    )
+    parser.add_argument(
+        "--concurrency", type=int, default=2, help="solo-pool processes of each payment worker"
+    )
     parser.add_argument("--settle", type=float, default=180.0, help="extra drain wait (s)")
     parser.add_argument(
         "--retry-budget", type=float, default=150.0, help="how long an API client retries (s)"
