@@ -187,6 +187,9 @@ def test_scripts_dev_runs_restarts_and_aggregates_metrics(tmp_path):
         dev.stop()
     first = dev.text()
     assert "CRITICAL" not in first and "Traceback" not in first, first[-3000:]
+    # the payment worker as scripts/dev runs it: two solo-pool processes, both up
+    for n in (1, 2):
+        assert re.search(rf"worker\.{n}@\S+ ready\.", first), first[-3000:]
     env_file = (tmp_path / ".env").read_text()
     assert "DEBUG=true" in env_file and re.search(r"^SECRET_KEY=\S{40,}$", env_file, re.M)
     assert (tmp_path / ".env").stat().st_mode & 0o077 == 0
