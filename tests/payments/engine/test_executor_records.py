@@ -306,6 +306,10 @@ def test_entry_posted_before_is_recorded_not_posted_again(alice, monkeypatch):
 CHUNK_STATEMENTS = [
     # batch UPDATEs by key, not a hash of the table (ledger.db.plan_for_cached_data)
     ("SET", "random_page_cost"),
+    # the batch's time limit (ledger.db.bound_transaction_time; the solo pool
+    # has none of Celery's)
+    ("SET", "statement_timeout"),
+    ("SET", "idle_in_transaction_session_timeout"),
     ("LOCK", "payments_payment"),  # lock the chunk's payments, reading the one clock
     ("SELECT", "ledger_account"),  # read the accounts, no lock yet
     ("LOCK", "ledger_hold"),  # lock the holds
