@@ -78,12 +78,17 @@ def _setting(name: str) -> str:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_limit_covers_statements_and_idle_time_and_ends_with_the_transaction():
+@pytest.mark.parametrize(
+    ("seconds", "shown"),
+    # whole milliseconds; a limit under one is one, never 0 (PostgreSQL: no limit)
+    [(0.25, "250ms"), (2.0, "2s"), (0.0004, "1ms")],
+)
+def test_the_limit_covers_statements_and_idle_time_and_ends_with_the_transaction(seconds, shown):
     before = (_setting("statement_timeout"), _setting("idle_in_transaction_session_timeout"))
     with transaction.atomic():
-        bound_transaction_time(0.25)
-        assert _setting("statement_timeout") == "250ms"
-        assert _setting("idle_in_transaction_session_timeout") == "250ms"
+        bound_transaction_time(seconds)
+        assert _setting("statement_timeout") == shown
+        assert _setting("idle_in_transaction_session_timeout") == shown
     assert (_setting("statement_timeout"), _setting("idle_in_transaction_session_timeout")) == (
         before
     )
