@@ -87,14 +87,22 @@ class Processes:
             args += ["--pool", pool]
         return self._start(name, args)
 
+    def payment_workers(
+        self, pool: str = "solo", exclude: str | None = None
+    ) -> list[subprocess.Popen]:
+        """The payment worker as shipped: two solo-pool processes (Procfile,
+        ``scripts/dev``); or, with ``pool="prefork"``, one prefork pool of two."""
+        if pool == "solo":
+            return [self.worker(1, exclude=exclude, pool="solo") for _ in range(2)]
+        return [self.worker(exclude=exclude)]
+
     def production_topology(self) -> int:
         """The Procfile's workers: payments (two solo-pool processes, as
         ``scripts/dev`` runs them), timers, recurring (+ maintenance), webhooks.
 
         Returns how many worker nodes were started (to wait for their pings).
         """
-        for _ in range(2):
-            self.worker(1, exclude="timers,recurring,webhooks,default", pool="solo")
+        self.payment_workers(exclude="timers,recurring,webhooks,default")
         self.worker(1, queues="timers", name="timers")
         self.worker(2, queues="recurring,default", name="recurring")
         self.worker(4, queues="webhooks", pool="threads", name="webhooks")

@@ -27,11 +27,14 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
+CELERY = [sys.executable, "-m", "celery", "-A", "scheduler_project"]
+
+
 def payment_workers(count: int, role: str, log_level: str) -> list[str]:
     """A command that runs ``count`` payment workers as the Procfile does (one
     solo-pool process each, every partition's queue) and waits for them all."""
-    one = [sys.executable, "-m", "celery", "-A", "scheduler_project", "worker", "--pool", "solo"]
-    one += ["--without-mingle", "--without-gossip", "-X", NON_PAYMENT_QUEUES, "-l", log_level]
+    one = [*CELERY, "worker", "--pool", "solo", "--without-mingle", "--without-gossip"]
+    one += ["-X", NON_PAYMENT_QUEUES, "-l", log_level]
     each = [shlex.join([*one, "-n", f"{role}.{n}@%h"]) + " &" for n in range(1, count + 1)]
     # a SIGTERM to the group stops the workers (warm shutdown); the shell
     # waits on, so whoever waits for it waits until they have exited
@@ -87,11 +90,10 @@ class Service:
         return proc
 
     def celery(self, role: str, *args: str, nice: int = 0) -> subprocess.Popen:
-        command = [sys.executable, "-m", "celery", "-A", "scheduler_project"]
         # celery's -l sets the level of its workers' root logger (it takes the
         # logging over), so the service's LOG_LEVEL goes here as the Procfile's
         # --loglevel does
-        return self.start(role, [*command, *args, "-l", self.env["LOG_LEVEL"]], nice=nice)
+        return self.start(role, [*CELERY, *args, "-l", self.env["LOG_LEVEL"]], nice=nice)
 
     def worker(
         self,

@@ -538,8 +538,10 @@ PAYMENT_MAX_ATTEMPTS = env.int("PAYMENT_MAX_ATTEMPTS", default=5)
 # idle longer (a stuck process's row locks are freed by the server). A batch
 # takes milliseconds (an 800-payment one ~0.3 s on 2 cores); one that hits the
 # limit fails with OperationalError, a transient error: retried with backoff,
-# then split. Well inside the lease, so the reaper never takes back a payment
-# a live batch is still running.
+# then split. It bounds each statement and each idle spell, not the batch as a
+# whole, so a batch of several slow statements can outlast the lease; the
+# reaper still never takes back a payment a live batch is running (it skips
+# rows locked, and the batch holds its payments' rows from its first statement).
 PAYMENT_BATCH_TIMEOUT_SECONDS = env.float("PAYMENT_BATCH_TIMEOUT_SECONDS", default=30.0)
 # Executor retries of a chunk on transient database errors before splitting it.
 PAYMENT_CHUNK_RETRIES = env.int("PAYMENT_CHUNK_RETRIES", default=3)

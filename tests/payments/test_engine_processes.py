@@ -184,14 +184,6 @@ def test_broker_wiped_is_recovered_by_the_reaper(procs):
     assert Account.objects.get(pk=target).balance == 200
 
 
-def _payment_workers(procs, pool: str) -> list:
-    """The payment worker as shipped (two solo-pool processes, Procfile and
-    scripts/dev) or as a prefork pool of two."""
-    if pool == "solo":
-        return [procs.worker(1, pool="solo") for _ in range(2)]
-    return [procs.worker()]
-
-
 @pytest.mark.parametrize("pool", ["solo", "prefork"])
 def test_kill_9_worker_mid_run(procs, pool):
     """kill -9 of a payment worker mid-run (solo: one of the two processes,
@@ -202,7 +194,7 @@ def test_kill_9_worker_mid_run(procs, pool):
     sources = [AccountFactory(owner=owner, funded=100_000).pk for _ in range(40)]
     targets = [AccountFactory().pk for _ in range(10)]
     ids = bulk_schedule(sources=sources, targets=targets, count=2000, amount=7, due_at=db_now())
-    worker = _payment_workers(procs, pool)[0]
+    worker = procs.payment_workers(pool)[0]
     procs.beat()
     wait_until(
         lambda: Payment.objects.filter(pk__in=ids, status="COMPLETED").count() >= 200,
@@ -213,7 +205,7 @@ def test_kill_9_worker_mid_run(procs, pool):
     procs.kill9(worker)
     done_at_kill = Payment.objects.filter(pk__in=ids, status="COMPLETED").count()
     assert done_at_kill < 2000, "worker finished before it could be killed"
-    _payment_workers(procs, pool)
+    procs.payment_workers(pool)
     wait_until(lambda: all_completed(ids), 120, message="2000 payments COMPLETED after kill -9")
     assert_exactly_once(ids)
     total = sum(Account.objects.filter(pk__in=targets).values_list("balance", flat=True))
@@ -313,6 +305,28 @@ def _chunk_waits_for_an_account_lock() -> bool:
         return cursor.fetchone()[0] > 0
 
 
+def _one_payment_due_on(procs, private_redis) -> tuple[int, int, list[str]]:
+    """Every process started from here on uses the test's own Redis; one payment
+    of 5 is due now. (source, target, [its id])"""
+    procs.env["CELERY_BROKER_URL"] = private_redis.url  # for every process started below
+    owner = UserFactory()
+    source, target = AccountFactory(owner=owner, funded=1_000).pk, AccountFactory().pk
+    first = bulk_schedule(sources=[source], targets=[target], count=1, amount=5, due_at=db_now())
+    return source, target, first
+
+
+def _goes_on_after_the_restart(procs, worker, source, target, first) -> None:
+    """The in-flight payment completes, a new one (7) is taken from the restarted
+    Redis, the worker is alive, no process gave up, and each paid once."""
+    wait_until(lambda: all_completed(first), 60, message="the in-flight payment COMPLETED")
+    second = bulk_schedule(sources=[source], targets=[target], count=1, amount=7, due_at=db_now())
+    wait_until(lambda: all_completed(second), 60, message="a new payment COMPLETED")
+    assert worker.poll() is None
+    assert "Unrecoverable error" not in procs.logs()
+    assert_exactly_once(first + second)
+    assert Account.objects.get(pk=target).balance == 12
+
+
 def test_payment_worker_survives_a_redis_restart_with_a_chunk_in_flight(
     procs, tmp_path, private_redis
 ):
@@ -323,10 +337,7 @@ def test_payment_worker_survives_a_redis_restart_with_a_chunk_in_flight(
     transport; scheduler_project.redis_transport). The chunk is held in flight
     by the test's own lock on the destination account (the lock the executor
     takes last), until the block ends."""
-    procs.env["CELERY_BROKER_URL"] = private_redis.url  # for every process started below
-    owner = UserFactory()
-    source, target = AccountFactory(owner=owner, funded=1_000).pk, AccountFactory().pk
-    first = bulk_schedule(sources=[source], targets=[target], count=1, amount=5, due_at=db_now())
+    source, target, first = _one_payment_due_on(procs, private_redis)
     with transaction.atomic():
         lock_accounts([target])
         worker = procs.worker(concurrency=2)  # one slot free: the consumer keeps polling
@@ -355,13 +366,7 @@ def test_payment_worker_survives_a_redis_restart_with_a_chunk_in_flight(
         # message (kombu logs it before restoring; Redis came back empty, so it
         # is re-queued only if Redis still had it).
         assert "Restoring 1 unacknowledged message(s)" in worker_log.read_text()
-    wait_until(lambda: all_completed(first), 60, message="the in-flight payment COMPLETED")
-    second = bulk_schedule(sources=[source], targets=[target], count=1, amount=7, due_at=db_now())
-    wait_until(lambda: all_completed(second), 60, message="a new payment COMPLETED")
-    assert worker.poll() is None
-    assert "Unrecoverable error" not in procs.logs()
-    assert_exactly_once(first + second)
-    assert Account.objects.get(pk=target).balance == 12
+    _goes_on_after_the_restart(procs, worker, source, target, first)
 
 
 def test_solo_payment_worker_survives_a_redis_restart_with_a_chunk_in_flight(
@@ -373,10 +378,7 @@ def test_solo_payment_worker_survives_a_redis_restart_with_a_chunk_in_flight(
     alive, consuming from the new Redis, every payment once. (Stock kombu's
     transport passes this one too: the restore over a detached transport that
     the test above is for happens only while a consumer polls beside a task.)"""
-    procs.env["CELERY_BROKER_URL"] = private_redis.url  # for every process started below
-    owner = UserFactory()
-    source, target = AccountFactory(owner=owner, funded=1_000).pk, AccountFactory().pk
-    first = bulk_schedule(sources=[source], targets=[target], count=1, amount=5, due_at=db_now())
+    source, target, first = _one_payment_due_on(procs, private_redis)
     with transaction.atomic():
         lock_accounts([target])
         worker = procs.worker(1, pool="solo")
@@ -385,10 +387,4 @@ def test_solo_payment_worker_survives_a_redis_restart_with_a_chunk_in_flight(
         wait_until(_chunk_waits_for_an_account_lock, 60, message="the chunk to be in flight")
         private_redis.kill()
         private_redis.start()
-    wait_until(lambda: all_completed(first), 60, message="the in-flight payment COMPLETED")
-    second = bulk_schedule(sources=[source], targets=[target], count=1, amount=7, due_at=db_now())
-    wait_until(lambda: all_completed(second), 60, message="a new payment COMPLETED")
-    assert worker.poll() is None
-    assert "Unrecoverable error" not in procs.logs()
-    assert_exactly_once(first + second)
-    assert Account.objects.get(pk=target).balance == 12
+    _goes_on_after_the_restart(procs, worker, source, target, first)
