@@ -40,7 +40,6 @@ def post_fork(server, worker):
 
 def child_exit(server, worker):
     """Multiprocess Prometheus: drop a dead web worker's live gauges."""
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        from prometheus_client import multiprocess
+    from scheduler_project.metrics_files import mark_process_dead
 
-        multiprocess.mark_process_dead(worker.pid)
+    mark_process_dead(worker.pid)

@@ -10,10 +10,14 @@ from celery.signals import (
     celeryd_init,
     task_postrun,
     task_prerun,
+    worker_init,
     worker_process_init,
     worker_process_shutdown,
     worker_ready,
 )
+
+from .metrics_files import mark_process_dead
+from .task_watchdog import TaskWatchdog
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "scheduler_project.settings.base")
 
@@ -40,18 +44,51 @@ def _freeze_loaded_objects(**kwargs):
 @worker_process_shutdown.connect
 def _mark_metrics_process_dead(pid=None, **kwargs):
     """Multiprocess Prometheus: drop a dead pool process's live gauges."""
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        from prometheus_client import multiprocess  # only in multiprocess mode
+    mark_process_dead(pid or os.getpid())
 
-        multiprocess.mark_process_dead(pid or os.getpid())
+
+_watchdog: TaskWatchdog | None = None
+
+
+@worker_init.connect
+def _watch_solo_tasks(sender=None, **kwargs):
+    """A solo-pool worker enforces the task time limits itself (``task_watchdog``):
+    Celery does so only in prefork pools."""
+    from celery.concurrency import get_implementation
+    from celery.concurrency.solo import TaskPool as SoloPool
+
+    global _watchdog
+    if sender is None or not issubclass(get_implementation(sender.pool_cls), SoloPool):
+        return
+    _watchdog = TaskWatchdog(app.conf.task_soft_time_limit, app.conf.task_time_limit)
+    _watchdog.start()
+
+
+def _in_worker(task) -> bool:
+    # eager (in-process) runs share the caller's connection and transaction
+    return task is not None and not getattr(task.request, "is_eager", False)
 
 
 @task_prerun.connect
+def _task_starts(task=None, **kwargs):
+    if not _in_worker(task):
+        return
+    if _watchdog is not None:
+        _watchdog.task_started(task.name)
+    _recycle_db_connections()
+
+
 @task_postrun.connect
-def _recycle_db_connections(task=None, **kwargs):
+def _task_ends(task=None, **kwargs):
+    if not _in_worker(task):
+        return
+    _recycle_db_connections()
+    if _watchdog is not None:
+        _watchdog.task_finished()
+
+
+def _recycle_db_connections():
     """Django's per-request connection rule, per task (see CELERY_DB_REUSE_MAX)."""
-    if task is not None and getattr(task.request, "is_eager", False):
-        return  # eager (in-process) runs share the caller's connection and transaction
     from django.db import close_old_connections  # Django is set up by the time tasks run
 
     close_old_connections()

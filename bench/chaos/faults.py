@@ -114,8 +114,11 @@ class ChaosService(Service):
         super().__init__(env, name)
         self.groups: set[int] = set()
 
+    # every process, and each payment worker inside its role's shell (payment_workers)
+    guard = staticmethod(_guarded)
+
     def start(self, role: str, args: list[str], nice: int = 0, **env: str) -> subprocess.Popen:
-        proc = super().start(role, _guarded(args), nice, **env)
+        proc = super().start(role, args, nice, **env)
         self.groups.add(proc.pid)
         return proc
 

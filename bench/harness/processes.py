@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,15 +31,31 @@ if str(ROOT) not in sys.path:
 CELERY = [sys.executable, "-m", "celery", "-A", "scheduler_project"]
 
 
-def payment_workers(count: int, role: str, log_level: str) -> list[str]:
+def payment_workers(
+    count: int, role: str, log_level: str, guard: Callable[[list[str]], list[str]] = list
+) -> list[str]:
     """A command that runs ``count`` payment workers as the Procfile does (one
-    solo-pool process each, every partition's queue) and waits for them all."""
+    solo-pool process each, every partition's queue) as one role (``one_role``);
+    ``guard`` prefixes each worker's own command (chaos: die with the harness)."""
     one = [*CELERY, "worker", "--pool", "solo", "--without-mingle", "--without-gossip"]
     one += ["-X", NON_PAYMENT_QUEUES, "-l", log_level]
-    each = [shlex.join([*one, "-n", f"{role}.{n}@%h"]) + " &" for n in range(1, count + 1)]
-    # a SIGTERM to the group stops the workers (warm shutdown); the shell
-    # waits on, so whoever waits for it waits until they have exited
-    return ["sh", "-c", " ".join(["trap : TERM INT;", *each, "wait; wait"])]
+    return one_role([guard([*one, "-n", f"{role}.{n}@%h"]) for n in range(1, count + 1)])
+
+
+def one_role(commands: list[list[str]]) -> list[str]:
+    """A command that runs ``commands`` side by side and stands for them as one
+    process: a SIGTERM to the group stops them (warm shutdown) and it waits until
+    they have exited; if one exits by itself it stops the others and exits with
+    that one's status, so whoever watches the role (chaos's supervisor) sees it
+    down and starts it again, instead of a role that looks alive at half strength."""
+    script = ["trap 'stopping=1' TERM INT;"]
+    script += [shlex.join(command) + " &" for command in commands]
+    script += [
+        "wait -n; status=$?;",
+        '[ -n "$stopping" ] || kill -TERM $(jobs -p) 2>/dev/null;',
+        "wait; wait; exit $status",
+    ]
+    return ["bash", "-c", " ".join(script)]
 
 
 def service_env(database: str, redis_db: int, **extra: str) -> dict[str, str]:
@@ -70,8 +87,14 @@ class Service:
         self.procs: dict[str, subprocess.Popen] = {}
         LOG_DIR.mkdir(parents=True, exist_ok=True)
 
+    @staticmethod
+    def guard(args: list[str]) -> list[str]:
+        """What every process's command runs under (here nothing; chaos: see there)."""
+        return args
+
     def start(self, role: str, args: list[str], nice: int = 0, **env: str) -> subprocess.Popen:
         """``args`` as ``role`` in a session of its own at CPU weight ``nice`` (``weigh``)."""
+        args = self.guard(args)
         log = open(LOG_DIR / f"{self.name}-{role}.log", "a")  # noqa: SIM115
         grouped = autogroups()
         if nice and not grouped:
@@ -108,11 +131,13 @@ class Service:
 
         The payment worker is ``concurrency`` solo-pool processes, as the
         Procfile runs it (``honcho start -c worker=2``): started as one process
-        group under a shell, so that the returned process's tree holds them all
-        (its CPU is theirs) and a kill of the role takes every one."""
+        group under a shell (``one_role``), so that the returned process's tree
+        holds them all (its CPU is theirs), a kill of the role takes every one,
+        and the role ends when one of them does."""
         if queues is None and pool is None:
+            level = self.env["LOG_LEVEL"]
             return self.start(
-                role, payment_workers(concurrency, role, self.env["LOG_LEVEL"]), nice=nice
+                role, payment_workers(concurrency, role, level, guard=self.guard), nice=nice
             )
         args = ["worker", "-c", str(concurrency), "--without-mingle", "--without-gossip"]
         args += ["-n", f"{role}@%h"]

@@ -145,6 +145,26 @@ if env.str("DATABASE_URL", default=""):
     DATABASES = {"default": env.db("DATABASE_URL")}
     DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("CONN_MAX_AGE", default=60))
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    if DATABASES["default"]["ENGINE"].endswith("postgresql"):
+        # A database host that vanishes (power, network) leaves an open socket
+        # that the kernel gives up on only after ~2 hours. libpq's client-side
+        # limits turn it into an OperationalError — a transient error to the
+        # executor — within about a minute: connecting waits at most
+        # DB_CONNECT_TIMEOUT s; an idle wait for an answer sends TCP keepalives
+        # after 30 s, every 10 s, and gives up after 3 unanswered; data the
+        # server never acknowledges fails after 60 s (tcp_user_timeout). None
+        # limits a statement: a long one on a live server answers keepalives.
+        # A solo payment worker also has its own task time limits
+        # (scheduler_project.task_watchdog). DATABASE_URL's parameters win.
+        _libpq_limits = {
+            "connect_timeout": env.int("DB_CONNECT_TIMEOUT", default=10),
+            "keepalives": 1,
+            "keepalives_idle": 30,
+            "keepalives_interval": 10,
+            "keepalives_count": 3,
+            "tcp_user_timeout": 60_000,
+        }
+        DATABASES["default"]["OPTIONS"] = _libpq_limits | DATABASES["default"].get("OPTIONS", {})
     # Bounded connection pool (Django's built-in psycopg pool) for the web
     # processes: gunicorn.conf.py sets DB_POOL=true. Each web process holds at
     # most DB_POOL_MAX_SIZE connections, so WEB_CONCURRENCY x DB_POOL_MAX_SIZE
@@ -420,14 +440,16 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 # - prefetch 1: each pool process reserves one message at a time, so a slow or
 #   dying worker strands at most one chunk and others take the rest;
 CELERY_WORKER_PREFETCH_MULTIPLIER = env.int("CELERY_WORKER_PREFETCH_MULTIPLIER", default=1)
-# - time limits: a task normally takes milliseconds; a hung one is killed
-#   (hard) after 120 s and its message redelivered. Celery applies them in
-#   prefork pools only: the payment workers run the solo pool (Procfile; the
-#   process that takes a chunk runs it, with no pool child to hand it to),
-#   so the executor's transaction carries its own limit in PostgreSQL
-#   (PAYMENT_BATCH_TIMEOUT_SECONDS below).
-CELERY_TASK_SOFT_TIME_LIMIT = 90
-CELERY_TASK_TIME_LIMIT = 120
+# - time limits: a task normally takes milliseconds; a hung one is interrupted
+#   (soft, 90 s: SoftTimeLimitExceeded, retried) or killed (hard, 120 s) and
+#   its message redelivered. Celery applies them in prefork pools only; the
+#   payment workers run the solo pool (Procfile; the process that takes a
+#   chunk runs it, with no pool child to hand it to) and apply the same two
+#   limits themselves (scheduler_project.task_watchdog). The executor's
+#   transaction also carries a limit in PostgreSQL (PAYMENT_BATCH_TIMEOUT_SECONDS
+#   below), and the database connection libpq's (DATABASES above).
+CELERY_TASK_SOFT_TIME_LIMIT = env.int("CELERY_TASK_SOFT_TIME_LIMIT", default=90)
+CELERY_TASK_TIME_LIMIT = env.int("CELERY_TASK_TIME_LIMIT", default=120)
 # Database connections in workers: Celery's Django fixup closes every
 # connection before and after every task unless CELERY_DB_REUSE_MAX is set, so
 # each chunk paid a new PostgreSQL backend (fork, auth, cold catalog caches) —

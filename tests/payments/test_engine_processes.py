@@ -21,6 +21,7 @@ from payments.engine import reaper
 from payments.models import Payment
 from payments.periodic import install_periodic_tasks
 from tests.factories import AccountFactory, UserFactory
+from tests.network import TcpProxy
 from tests.payments.conftest import Client
 from tests.payments.helpers import bulk_schedule, claim_batch, publish_claims
 from tests.processes import Processes, flush_broker, wait_until
@@ -289,6 +290,50 @@ def test_worker_keeps_its_db_connection_and_replaces_a_killed_one(procs):
     assert "OperationalError" not in procs.logs()  # replaced before use, not after a failure
     assert _other_backends().isdisjoint(kept)
     assert_exactly_once([first, second])
+
+
+def test_solo_worker_stuck_on_a_vanished_database_gives_up_at_its_soft_limit(procs):
+    """The database host vanishes mid-task without a word (the socket stays open,
+    nothing answers): a solo payment worker — where Celery enforces no time limit —
+    is interrupted at the soft limit (scheduler_project.task_watchdog), drops the
+    connection, and once the database is back the payment completes, once, on the
+    same worker. Without the watchdog it would wait for the kernel (~2 hours)."""
+    from django.db import connection
+
+    owner = UserFactory()
+    source, target = AccountFactory(owner=owner, funded=1_000).pk, AccountFactory().pk
+    procs.worker(1, queues="timers", name="timers")  # sweeper and reaper: direct to the database
+    procs.beat()
+    db = connection.settings_dict
+    proxy = TcpProxy(db["HOST"] or "127.0.0.1", int(db["PORT"] or 5432))
+    proxy.open()
+    direct = procs.env["DATABASE_URL"]
+    procs.env.update(
+        DATABASE_URL=direct.replace(f"@{db['HOST']}:{db['PORT']}/", f"@127.0.0.1:{proxy.port}/"),
+        CELERY_TASK_SOFT_TIME_LIMIT="3",
+    )
+    # one payment worker, as shipped but alone: the stuck one must recover by itself
+    worker = procs.worker(1, exclude="timers,recurring,webhooks,default", pool="solo")
+    procs.env.update(DATABASE_URL=direct, CELERY_TASK_SOFT_TIME_LIMIT="90")
+    try:
+        first = bulk_schedule(
+            sources=[source], targets=[target], count=1, amount=5, due_at=db_now()
+        )
+        wait_until(lambda: all_completed(first), 60, message="a payment COMPLETED via the proxy")
+        proxy.silence()
+        second = bulk_schedule(
+            sources=[source], targets=[target], count=1, amount=7, due_at=db_now()
+        )
+        wait_until(
+            lambda: "ran past its soft time limit" in procs.logs(), 60, message="soft limit hit"
+        )
+        proxy.speak()
+        wait_until(lambda: all_completed(second), 60, message="the payment COMPLETED after")
+    finally:
+        proxy.close()
+    assert worker.poll() is None  # interrupted, not exited: the hard limit was not needed
+    assert_exactly_once(first + second)
+    assert Account.objects.get(pk=target).balance == 12
 
 
 def _chunk_waits_for_an_account_lock() -> bool:

@@ -3,12 +3,9 @@ the shared Redis throttle cache, and the bounded PostgreSQL connection pool."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
-import socket
-import threading
 import time
 from collections import Counter
 
@@ -17,7 +14,8 @@ from django.core.cache import cache
 from django.db import connection
 
 from payments.models import Payment
-from tests.processes import Gunicorn, free_port, wait_until
+from tests.network import TcpProxy
+from tests.processes import Gunicorn, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -68,65 +66,6 @@ def test_gunicorn_workers_spend_one_shared_throttle_budget(tmp_path, shared_cach
     # every other is throttled, whichever worker answered it.
     assert statuses.count(404) == rate, Counter(statuses)
     assert statuses.count(429) == len(statuses) - rate
-
-
-class TcpProxy:
-    """Forwards a local port to PostgreSQL. ``close()`` refuses new connections and cuts
-    the open ones, as a database that went away does; ``open()`` brings it back."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.target = (host, port)
-        self.port = free_port()
-        self.listener: socket.socket | None = None
-        self.sockets: list[socket.socket] = []
-        self.lock = threading.Lock()
-
-    def open(self) -> None:
-        self.listener = socket.create_server(("127.0.0.1", self.port))
-        self.listener.settimeout(0.1)
-        threading.Thread(target=self._accept, args=(self.listener,), daemon=True).start()
-
-    def _accept(self, listener: socket.socket) -> None:
-        while listener.fileno() != -1:
-            try:
-                client, _ = listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection(self.target, timeout=5)
-            except OSError:
-                client.close()
-                continue
-            client.settimeout(None)
-            upstream.settimeout(None)
-            with self.lock:
-                self.sockets += [client, upstream]
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
-
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        for sock in (src, dst):
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-
-    def close(self) -> None:
-        if self.listener is not None:
-            self.listener.close()
-            self.listener = None
-        with self.lock:
-            for sock in self.sockets:
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-                sock.close()
-            self.sockets.clear()
 
 
 @pytest.mark.django_db(transaction=True)

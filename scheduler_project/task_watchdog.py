@@ -1,0 +1,110 @@
+"""Time limits for tasks of a solo-pool worker (the payment workers, Procfile).
+
+Celery enforces ``task_soft_time_limit`` and ``task_time_limit`` only in its
+prefork pool, where the parent watches a child. A solo worker runs each task
+itself, so without this a task blocked for good — a database host gone with
+the socket still open waits for the kernel, ~2 hours — stops that worker.
+Here one daemon thread watches the running task, with the same two limits:
+
+- **soft** (``task_soft_time_limit``, 90 s): the thread signals the main thread,
+  whose handler raises ``SoftTimeLimitExceeded`` inside the task, as prefork
+  does. A blocked psycopg call is interrupted (its wait checks for signals);
+  the transaction rolls back, Django drops a connection it cannot roll back,
+  and the task retries the chunk with backoff (``payments.tasks.TRANSIENT``).
+- **hard** (``task_time_limit``, 120 s): if the task is still running — stuck
+  where no signal handler can run — the process exits. The message was never
+  acknowledged (``acks_late``), so the broker delivers it again; the
+  supervisor (docker-compose's ``restart``, systemd) starts a new worker, as
+  prefork's pool replaces a killed child. Under ``scripts/dev`` honcho stops
+  the whole local stack instead, which is loud rather than silent.
+
+Either way the payments themselves are safe: the batch wrote nothing, and the
+lease reaper re-queues whatever the chunk had claimed.
+
+Costs per task: two attribute writes; the thread wakes once a second.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+
+from celery.exceptions import SoftTimeLimitExceeded
+
+logger = logging.getLogger(__name__)
+
+
+class TaskWatchdog:
+    """Watches one task at a time in this process; ``start`` from the main thread."""
+
+    def __init__(self, soft: float | None, hard: float | None, *, tick: float = 1.0) -> None:
+        self.soft = soft
+        self.hard = hard
+        self.tick = tick
+        self._task: tuple[int, str, float] | None = None  # (serial, name, started)
+        self._serial = 0
+        self._signalled: int | None = None  # serial of the task the soft limit hit
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._previous_handler = None
+
+    def start(self) -> None:
+        if self._thread is not None or not (self.soft or self.hard):
+            return
+        self._previous_handler = signal.signal(signal.SIGALRM, self._on_soft_limit)
+        self._thread = threading.Thread(target=self._watch, name="task-watchdog", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """End the watching thread and give SIGALRM back (tests; a worker never stops it)."""
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._thread.join()
+        self._thread = None
+        signal.signal(signal.SIGALRM, self._previous_handler)
+
+    def task_started(self, name: str) -> None:
+        self._serial += 1
+        self._task = (self._serial, name, time.monotonic())
+
+    def task_finished(self) -> None:
+        self._task = None
+
+    # --- the watching thread ------------------------------------------------------------
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.tick):
+            self.check(time.monotonic())
+
+    def check(self, now: float) -> None:
+        """One look at the running task (the thread's loop; tests call it directly)."""
+        task = self._task
+        if task is None:
+            return
+        serial, name, started = task
+        ran = now - started
+        if self.hard and ran >= self.hard:
+            logger.critical(
+                "task %s ran past its hard time limit (%s s); this solo worker exits "
+                "and its message is delivered again",
+                name,
+                self.hard,
+            )
+            logging.shutdown()
+            os._exit(1)
+        if self.soft and ran >= self.soft and self._signalled != serial:
+            self._signalled = serial
+            logger.error("task %s ran past its soft time limit (%s s)", name, self.soft)
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGALRM)
+
+    # --- the main thread ----------------------------------------------------------------
+
+    def _on_soft_limit(self, signum, frame) -> None:
+        task = self._task
+        # The task the limit hit may have finished while the signal was on its way.
+        if task is not None and task[0] == self._signalled:
+            raise SoftTimeLimitExceeded(f"soft time limit ({self.soft} s) exceeded")

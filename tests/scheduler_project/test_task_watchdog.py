@@ -1,0 +1,162 @@
+"""Task time limits in a solo-pool worker (``scheduler_project.task_watchdog``), and
+libpq's client-side limits on the database connection (settings ``DATABASES``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from types import SimpleNamespace
+
+import psycopg
+import pytest
+from celery.exceptions import SoftTimeLimitExceeded
+from django.db import connection
+
+import scheduler_project.celery as celery_app
+from scheduler_project.task_watchdog import TaskWatchdog
+from tests.network import TcpProxy
+
+
+@pytest.fixture
+def watchdog():
+    made = []
+
+    def make(soft, hard=None):
+        dog = TaskWatchdog(soft, hard, tick=0.05)
+        made.append(dog)
+        return dog
+
+    yield make
+    for dog in made:
+        dog.stop()
+
+
+@pytest.fixture
+def silent_database():
+    """A psycopg connection, made with Django's parameters, through a proxy that can
+    go silent."""
+    db = connection.settings_dict
+    proxy = TcpProxy(db["HOST"] or "127.0.0.1", int(db["PORT"] or 5432))
+    proxy.open()
+    params = connection.get_connection_params() | {"host": "127.0.0.1", "port": proxy.port}
+    conn = psycopg.connect(**params)
+    yield conn, proxy
+    proxy.close()
+    conn.close()
+
+
+@pytest.mark.django_db
+def test_the_soft_limit_interrupts_a_query_the_database_never_answers(watchdog, silent_database):
+    """The database host vanished mid-task: the query's wait ends at the soft limit
+    with Celery's SoftTimeLimitExceeded (a transient error to the payment task)
+    instead of the kernel's ~2 hours; the connection is not reused."""
+    conn, proxy = silent_database
+    assert conn.execute("SELECT 1").fetchone() == (1,)
+    dog = watchdog(soft=0.3)
+    dog.start()
+    dog.task_started("payments.execute_chunk")
+    proxy.silence()
+
+    with pytest.raises(SoftTimeLimitExceeded):
+        conn.execute("SELECT 2")
+
+    dog.task_finished()
+    with pytest.raises(psycopg.OperationalError):  # Django drops such a connection
+        conn.execute("SELECT 3")
+
+
+def test_a_task_that_ended_in_time_is_left_alone(watchdog):
+    dog = watchdog(soft=10, hard=20)
+    dog.start()
+    dog.task_started("payments.execute_chunk")
+    dog.task_finished()
+    dog.check(float("inf"))  # nothing running: no signal, no exit
+
+    dog.task_started("payments.execute_chunk")
+    dog.check(dog._task[2] + 9.9)
+    assert dog._signalled is None
+
+
+def test_a_signal_for_a_task_that_has_since_ended_raises_nothing(watchdog):
+    """The limit hit task 1; by the time the signal arrives task 1 has ended and
+    task 2 runs: task 2 must not be interrupted."""
+    dog = watchdog(soft=10)
+    dog.task_started("first")
+    dog._signalled = dog._task[0]  # the watcher's decision for task 1...
+    dog.task_finished()
+    dog.task_started("second")
+    dog._on_soft_limit(signal.SIGALRM, None)  # ...arrives during task 2: ignored
+
+    dog.task_finished()
+    dog._on_soft_limit(signal.SIGALRM, None)  # or between tasks: ignored
+
+
+def test_the_soft_limit_fires_once_per_task(watchdog, monkeypatch):
+    sent = []
+    monkeypatch.setattr(signal, "pthread_kill", lambda ident, sig: sent.append(sig))
+    dog = watchdog(soft=10, hard=30)
+    dog.task_started("payments.execute_chunk")
+    started = dog._task[2]
+    dog.check(started + 10)
+    dog.check(started + 11)
+    assert sent == [signal.SIGALRM]
+    with pytest.raises(SoftTimeLimitExceeded):
+        dog._on_soft_limit(signal.SIGALRM, None)
+
+
+def test_past_the_hard_limit_the_worker_exits(watchdog, monkeypatch):
+    """Stuck where no handler runs: the process exits unacknowledged (the broker
+    delivers the message again, the supervisor starts a new worker)."""
+    exits = []
+    monkeypatch.setattr(os, "_exit", exits.append)
+    monkeypatch.setattr(signal, "pthread_kill", lambda ident, sig: None)
+    dog = watchdog(soft=90, hard=120)
+    dog.task_started("payments.execute_chunk")
+    started = dog._task[2]
+    dog.check(started + 119)
+    assert exits == []
+    dog.check(started + 120)
+    assert exits == [1]
+
+
+@pytest.mark.parametrize(
+    ("pool", "watched"), [("solo", True), ("prefork", False), ("threads", False)]
+)
+def test_only_a_solo_worker_watches_its_tasks(monkeypatch, pool, watched):
+    """Prefork enforces the limits itself; threads cannot interrupt a thread."""
+    monkeypatch.setattr(celery_app, "_watchdog", None)
+    started = []
+    monkeypatch.setattr(TaskWatchdog, "start", lambda self: started.append(self))
+
+    celery_app._watch_solo_tasks(sender=SimpleNamespace(pool_cls=pool))
+
+    assert bool(started) is watched
+    if watched:
+        assert (started[0].soft, started[0].hard) == (90, 120)  # settings CELERY_TASK_*
+
+
+def test_database_connections_carry_client_side_limits():
+    params = connection.get_connection_params()
+    assert {k: params[k] for k in ("keepalives", "keepalives_idle", "tcp_user_timeout")} == {
+        "keepalives": 1,
+        "keepalives_idle": 30,
+        "tcp_user_timeout": 60_000,
+    }
+    assert params["connect_timeout"] == 10
+
+
+def test_connecting_to_a_server_that_never_answers_gives_up(monkeypatch):
+    """A listener that accepts and says nothing (a hung host): connecting fails at
+    connect_timeout instead of waiting for good."""
+    silent = socket.create_server(("127.0.0.1", 0))
+    params = connection.get_connection_params() | {
+        "host": "127.0.0.1",
+        "port": silent.getsockname()[1],
+        "connect_timeout": 2,  # the setting's 10 s, shortened for the test
+    }
+    try:
+        with pytest.raises(psycopg.OperationalError):
+            psycopg.connect(**params)
+    finally:
+        silent.close()
