@@ -8,9 +8,13 @@ Here one daemon thread watches the running task, with the same two limits:
 
 - **soft** (``task_soft_time_limit``, 90 s): the thread signals the main thread,
   whose handler raises ``SoftTimeLimitExceeded`` inside the task, as prefork
-  does. A blocked psycopg call is interrupted (its wait checks for signals);
-  the transaction rolls back, Django drops a connection it cannot roll back,
-  and the task retries the chunk with backoff (``payments.tasks.TRANSIENT``).
+  does. A blocked psycopg call is interrupted (its wait checks for signals).
+  First the handler drops the task's database sockets (``before_interrupt``:
+  the conversation was cut off mid-way, and ending a pipeline on it — as the
+  exception leaves the executor's — would wait on the same dead socket
+  again); the server rolls the transaction back, Django opens a new
+  connection, and the task retries the chunk with backoff
+  (``payments.tasks.TRANSIENT``).
 - **hard** (``task_time_limit``, 120 s): if the task is still running — stuck
   where no signal handler can run — the process exits. The message was never
   acknowledged (``acks_late``), so the broker delivers it again; the
@@ -31,6 +35,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 
 from celery.exceptions import SoftTimeLimitExceeded
 
@@ -40,10 +45,18 @@ logger = logging.getLogger(__name__)
 class TaskWatchdog:
     """Watches one task at a time in this process; ``start`` from the main thread."""
 
-    def __init__(self, soft: float | None, hard: float | None, *, tick: float = 1.0) -> None:
+    def __init__(
+        self,
+        soft: float | None,
+        hard: float | None,
+        *,
+        tick: float = 1.0,
+        before_interrupt: Callable[[], None] | None = None,
+    ) -> None:
         self.soft = soft
         self.hard = hard
         self.tick = tick
+        self.before_interrupt = before_interrupt
         self._task: tuple[int, str, float] | None = None  # (serial, name, started)
         self._serial = 0
         self._signalled: int | None = None  # serial of the task the soft limit hit
@@ -107,4 +120,6 @@ class TaskWatchdog:
         task = self._task
         # The task the limit hit may have finished while the signal was on its way.
         if task is not None and task[0] == self._signalled:
+            if self.before_interrupt is not None:
+                self.before_interrupt()
             raise SoftTimeLimitExceeded(f"soft time limit ({self.soft} s) exceeded")

@@ -22,3 +22,58 @@ def test_a_worker_leaves_what_it_loaded_out_of_full_collections(unfrozen, signal
     assert gc.get_freeze_count() == 0
     signal.send(sender=None)
     assert gc.get_freeze_count() > 10_000
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_healthy_idle_connection_skips_the_select_1_round_trip():
+    """Between tasks an idle connection whose socket is quiet counts as checked:
+    no ``SELECT 1`` before the next task's first query."""
+    from django.db import connection
+
+    from scheduler_project.celery import _recycle_db_connections
+
+    connection.ensure_connection()
+    _recycle_db_connections()
+    assert connection.health_check_done is True
+    with connection.cursor() as cursor:  # no check on first use: the same session answers
+        cursor.execute("SELECT 1")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_terminated_backend_is_replaced_before_the_task_uses_it():
+    """A backend killed between tasks (pg_terminate_backend, a server restart) has
+    said so on its socket: the connection goes through Django's check, which
+    closes it, and the task's first query runs on a new one, with no error."""
+    import time
+
+    from django.db import connection
+
+    from scheduler_project.celery import _recycle_db_connections, socket_is_quiet
+    from tests.concurrency import in_other_connection
+
+    connection.ensure_connection()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (old,) = cursor.fetchone()
+    assert in_other_connection("SELECT pg_terminate_backend(%s)", [old]) is None
+    deadline = time.monotonic() + 10
+    while socket_is_quiet(connection.connection) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+    _recycle_db_connections()
+
+    assert connection.health_check_done is False
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        assert cursor.fetchone()[0] != old
+
+
+@pytest.mark.django_db
+def test_a_connection_inside_a_transaction_is_not_called_quiet():
+    from django.db import connection
+
+    from scheduler_project.celery import socket_is_quiet
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")  # the test's transaction has begun
+    assert socket_is_quiet(connection.connection) is False

@@ -17,13 +17,17 @@ import scheduler_project.celery as celery_app
 from scheduler_project.task_watchdog import TaskWatchdog
 from tests.network import TcpProxy
 
+# These tests take SIGALRM for the watchdog, which pytest-timeout's default
+# method also uses: a hang here must still end, so the timeout runs on a thread.
+pytestmark = pytest.mark.timeout(60, method="thread")
+
 
 @pytest.fixture
 def watchdog():
     made = []
 
-    def make(soft, hard=None):
-        dog = TaskWatchdog(soft, hard, tick=0.05)
+    def make(soft, hard=None, **kwargs):
+        dog = TaskWatchdog(soft, hard, tick=0.05, **kwargs)
         made.append(dog)
         return dog
 
@@ -44,6 +48,41 @@ def silent_database():
     yield conn, proxy
     proxy.close()
     conn.close()
+
+
+@pytest.mark.django_db
+def test_the_soft_limit_ends_a_pipeline_the_database_never_answers(watchdog, silent_database):
+    """The executor's statements run in a pipeline, whose end waits for the server's
+    results: interrupted inside one, the task must not wait there again on the way
+    out. The handler drops the socket first (``before_interrupt``), so the
+    pipeline ends at once and the exception reaches the task."""
+    conn, proxy = silent_database
+    dog = watchdog(soft=0.3, before_interrupt=conn.pgconn.finish)
+    dog.start()
+    dog.task_started("payments.execute_chunk")
+    proxy.silence()
+
+    with pytest.raises(SoftTimeLimitExceeded), conn.pipeline():
+        conn.execute("SELECT 2")
+        conn.execute("SELECT 3").fetchone()
+
+    assert conn.closed
+
+
+@pytest.mark.django_db(transaction=True)
+def test_dropped_database_sockets_are_replaced_at_the_next_task():
+    from django.db import connection
+
+    from scheduler_project.celery import _recycle_db_connections, drop_database_sockets
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (old,) = cursor.fetchone()
+    drop_database_sockets()
+    _recycle_db_connections()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        assert cursor.fetchone()[0] != old
 
 
 @pytest.mark.django_db
@@ -134,6 +173,7 @@ def test_only_a_solo_worker_watches_its_tasks(monkeypatch, pool, watched):
     assert bool(started) is watched
     if watched:
         assert (started[0].soft, started[0].hard) == (90, 120)  # settings CELERY_TASK_*
+        assert started[0].before_interrupt is celery_app.drop_database_sockets
 
 
 def test_database_connections_carry_client_side_limits():
