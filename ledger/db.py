@@ -181,10 +181,9 @@ def bound_transaction_time(seconds: float) -> None:
     A statement past it is cancelled (``OperationalError``, so the caller's
     transaction rolls back); a session idle in the transaction past it is
     ended by the server, which frees its row locks even if the process that
-    holds them is stuck. For work that has no other time limit: a solo-pool
-    Celery worker runs its task in the process that consumes, where Celery's
-    time limits do not apply. ``LOCAL``, like ``plan_for_cached_data``: it
-    ends with the transaction.
+    holds them is stuck: the database's own bound, beneath whatever limits the
+    process applies (a solo-pool Celery worker's watchdog). ``LOCAL``, like
+    ``plan_for_cached_data``: it ends with the transaction.
     """
     if connection.vendor == "postgresql":
         milliseconds = max(int(seconds * 1000), 1)

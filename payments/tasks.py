@@ -22,7 +22,6 @@ import time
 from datetime import datetime
 
 from celery import shared_task
-from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.dispatch import receiver
 
@@ -33,9 +32,9 @@ from .engine import executor, materializer, reaper, sweeper
 logger = logging.getLogger(__name__)
 
 # Retried with backoff: the database's or the host's passing trouble, and a
-# batch cut short by the soft time limit (a saturated database). Any other
-# error will not go away on a retry (executor.NOT_A_PAYMENTS_FAULT).
-TRANSIENT = (*executor.NOT_A_PAYMENTS_FAULT, SoftTimeLimitExceeded)
+# batch cut short by the soft time limit (a stuck database); any other error
+# will not go away on a retry (executor.NOT_A_PAYMENTS_FAULT has them all).
+TRANSIENT = executor.NOT_A_PAYMENTS_FAULT
 
 
 def backoff_seconds(retries: int) -> float:

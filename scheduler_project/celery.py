@@ -98,9 +98,11 @@ def _task_starts(task=None, **kwargs):
 def _task_ends(task=None, **kwargs):
     if not _in_worker(task):
         return
-    _recycle_db_connections()
     if _watchdog is not None:
+        # first: a soft limit raised in what follows must not leave the task
+        # recorded as running (the hard limit would end an idle worker)
         _watchdog.task_finished()
+    _recycle_db_connections()
 
 
 def _recycle_db_connections():
@@ -121,11 +123,14 @@ def _recycle_db_connections():
 
 def socket_is_quiet(pg) -> bool:
     """Whether an idle psycopg connection's socket has nothing to read. A server
-    that ends a session — a terminated backend, a restart, a failover — first
-    sends an error and closes the socket, both of which make it readable; an idle
-    healthy session sends nothing (no LISTEN here). A server that vanished without
-    a word looks quiet, as it passes a ``SELECT 1`` only after the kernel's
-    timeout: the libpq limits and the task watchdog deal with that."""
+    that ends a session — a terminated backend, a restart — first sends an error
+    and closes the socket, both of which make it readable; an idle healthy
+    session sends nothing (no LISTEN here). A session cut off without a word
+    looks quiet: where the far end would answer a ``SELECT 1`` with a reset (an
+    address moved to a new server, a NAT forgetting the flow) the task's first
+    query fails instead and the chunk is retried; where nothing answers at all
+    (a host gone), ``SELECT 1`` would hang too, and the libpq limits and the
+    task watchdog end the wait."""
     from psycopg.pq import TransactionStatus
 
     if pg.closed or pg.info.transaction_status != TransactionStatus.IDLE:

@@ -12,18 +12,23 @@ Here one daemon thread watches the running task, with the same two limits:
   First the handler drops the task's database sockets (``before_interrupt``:
   the conversation was cut off mid-way, and ending a pipeline on it — as the
   exception leaves the executor's — would wait on the same dead socket
-  again); the server rolls the transaction back, Django opens a new
-  connection, and the task retries the chunk with backoff
-  (``payments.tasks.TRANSIENT``).
+  again); the server rolls the transaction back once its backend notices
+  the client gone (a statement waiting on a lock ends at the batch's
+  ``statement_timeout`` at the latest), Django opens a new connection, and
+  the task retries the chunk with backoff (``payments.tasks.TRANSIENT``).
 - **hard** (``task_time_limit``, 120 s): if the task is still running — stuck
   where no signal handler can run — the process exits. The message was never
-  acknowledged (``acks_late``), so the broker delivers it again; the
-  supervisor (docker-compose's ``restart``, systemd) starts a new worker, as
-  prefork's pool replaces a killed child. Under ``scripts/dev`` honcho stops
-  the whole local stack instead, which is loud rather than silent.
+  acknowledged (``acks_late``): Redis delivers it again only after its
+  visibility timeout, so the lease reaper re-queues the chunk's payments
+  first (after their 60 s lease). The supervisor (docker-compose's
+  ``restart``, systemd) starts a new worker, as prefork's pool replaces a
+  killed child. Under ``scripts/dev`` honcho stops the whole local stack
+  instead, which is loud rather than silent.
 
 Either way the payments themselves are safe: the batch wrote nothing, and the
-lease reaper re-queues whatever the chunk had claimed.
+lease reaper re-queues whatever the chunk had claimed. The watching thread acts
+before it logs, and logs without waiting long (``_log_briefly``). An interrupt
+lands at any bytecode of the task, as Celery's prefork soft limit does.
 
 Costs per task: two attribute writes; the thread wakes once a second.
 """
@@ -101,18 +106,20 @@ class TaskWatchdog:
         serial, name, started = task
         ran = now - started
         if self.hard and ran >= self.hard:
-            logger.critical(
-                "task %s ran past its hard time limit (%s s); this solo worker exits "
-                "and its message is delivered again",
+            _log_briefly(
+                logging.CRITICAL,
+                "task %s ran past its hard time limit (%s s); this solo worker exits",
                 name,
                 self.hard,
             )
-            logging.shutdown()
             os._exit(1)
         if self.soft and ran >= self.soft and self._signalled != serial:
             self._signalled = serial
-            logger.error("task %s ran past its soft time limit (%s s)", name, self.soft)
+            # act first: the main thread may be stuck holding a log handler's lock
             signal.pthread_kill(threading.main_thread().ident, signal.SIGALRM)
+            _log_briefly(
+                logging.ERROR, "task %s ran past its soft time limit (%s s)", name, self.soft
+            )
 
     # --- the main thread ----------------------------------------------------------------
 
@@ -123,3 +130,12 @@ class TaskWatchdog:
             if self.before_interrupt is not None:
                 self.before_interrupt()
             raise SoftTimeLimitExceeded(f"soft time limit ({self.soft} s) exceeded")
+
+
+def _log_briefly(level: int, message: str, *args) -> None:
+    """Log from a thread of its own and wait for it at most 2 s: a handler's lock
+    held by a main thread stuck writing a record (a full pipe, a stalled log
+    driver) must not stop the watchdog, whose limits are for exactly that."""
+    writer = threading.Thread(target=logger.log, args=(level, message, *args), daemon=True)
+    writer.start()
+    writer.join(2.0)

@@ -47,7 +47,10 @@ def one_role(commands: list[list[str]]) -> list[str]:
     process: a SIGTERM to the group stops them (warm shutdown) and it waits until
     they have exited; if one exits by itself it stops the others and exits with
     that one's status, so whoever watches the role (chaos's supervisor) sees it
-    down and starts it again, instead of a role that looks alive at half strength."""
+    down and starts it again, instead of a role that looks alive at half strength.
+    Linux, bash >= 4.3 (``wait -n``). A SIGTERM in the milliseconds while the
+    commands are still starting reaches only those already started; the rest
+    are killed by ``Service.stop`` after its 30 s wait."""
     script = ["trap 'stopping=1' TERM INT;"]
     script += [shlex.join(command) + " &" for command in commands]
     script += [

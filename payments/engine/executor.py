@@ -68,6 +68,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, transaction
 
@@ -203,10 +204,12 @@ quarantine = Quarantine()
 
 # A batch that dies of these did not die of a payment in it: the connection
 # or the host failed, or a lock or serialization conflict with another
-# transaction. The task retries these with backoff (``tasks.TRANSIENT``);
+# transaction, or the task's soft time limit (90 s: a stuck database or
+# network, as every statement is cut at PAYMENT_BATCH_TIMEOUT_SECONDS first).
+# The task retries these with backoff (``tasks.TRANSIENT``);
 # anything else — a payment's data breaking a statement (DataError,
 # IntegrityError…), a bug one payment reaches — splits the chunk at once.
-NOT_A_PAYMENTS_FAULT = (OperationalError, InterfaceError, OSError)
+NOT_A_PAYMENTS_FAULT = (OperationalError, InterfaceError, OSError, SoftTimeLimitExceeded)
 READ_ONLY_SQLSTATE = "25006"  # a failover's read-only standby: an InternalError
 
 
@@ -265,8 +268,9 @@ def _execute(items, partitions, worker, taken, *, lock_accounts_last: bool) -> C
         # Nothing in it may read a row count (see ``pipelined``).
         with pipelined():
             plan_for_cached_data()  # batch UPDATEs by key, not a hash of the table
-            # the batch's time limit: payment workers run the solo pool, where
-            # Celery's time limits do not apply (settings, PAYMENT_BATCH_TIMEOUT_SECONDS)
+            # the batch's time limit in the database (settings,
+            # PAYMENT_BATCH_TIMEOUT_SECONDS), below the task's own limits
+            # (scheduler_project.task_watchdog in the solo payment workers)
             bound_transaction_time(settings.PAYMENT_BATCH_TIMEOUT_SECONDS)
             result = _statements(fences, partitions, worker, taken, lock_accounts_last)
         transaction.on_commit(lambda: _after_commit(result))

@@ -200,3 +200,62 @@ def test_connecting_to_a_server_that_never_answers_gives_up(monkeypatch):
             psycopg.connect(**params)
     finally:
         silent.close()
+
+
+def test_a_soft_limit_is_not_taken_for_a_payments_fault():
+    """Every statement is cut at PAYMENT_BATCH_TIMEOUT_SECONDS (30 s) first, so a
+    batch at the 90 s soft limit waited on a stuck database or network: its
+    collapsed payments are not quarantined, and the chunk retries with backoff."""
+    from payments.engine.executor import payments_fault
+    from payments.tasks import TRANSIENT
+
+    assert payments_fault(SoftTimeLimitExceeded()) is False
+    assert isinstance(SoftTimeLimitExceeded(), TRANSIENT)
+    assert payments_fault(ValueError()) is True
+
+
+def test_a_limit_raised_while_a_task_ends_leaves_it_ended(monkeypatch):
+    """The soft limit's exception can land in the post-run hook itself (the task
+    ended at about 90 s): the task must be recorded as ended before anything
+    there can raise, or the hard limit would end an idle worker 30 s later."""
+    dog = TaskWatchdog(90, 120)
+    monkeypatch.setattr(celery_app, "_watchdog", dog)
+
+    def interrupted():
+        raise SoftTimeLimitExceeded()
+
+    monkeypatch.setattr(celery_app, "_recycle_db_connections", interrupted)
+    task = SimpleNamespace(name="payments.execute_chunk", request=SimpleNamespace(is_eager=False))
+    dog.task_started(task.name)
+    with pytest.raises(SoftTimeLimitExceeded):
+        celery_app._task_ends(task=task)
+    assert dog._task is None
+
+
+def test_a_stuck_log_handler_does_not_stop_the_limits(watchdog, monkeypatch):
+    """The main thread stuck writing a log record holds its handler's lock: the
+    watchdog still signals, and still exits, without waiting on that lock."""
+    import logging
+    import threading
+
+    exits, sent = [], []
+    monkeypatch.setattr(os, "_exit", exits.append)
+    monkeypatch.setattr(signal, "pthread_kill", lambda ident, sig: sent.append(sig))
+    handler = logging.Handler()
+    logger = logging.getLogger("scheduler_project.task_watchdog")
+    logger.addHandler(handler)
+    handler.acquire()  # held, as by a main thread blocked in emit()
+    try:
+        dog = watchdog(soft=90, hard=120)
+        dog.task_started("payments.execute_chunk")
+        started = dog._task[2]
+        checked = threading.Thread(
+            target=lambda: (dog.check(started + 90), dog.check(started + 120))
+        )
+        checked.start()
+        checked.join(15)
+        assert not checked.is_alive()
+        assert sent == [signal.SIGALRM] and exits == [1]
+    finally:
+        handler.release()
+        logger.removeHandler(handler)
