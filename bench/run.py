@@ -40,7 +40,9 @@ data loading, reports and charts); this file runs them and writes the report.
 ``--quick`` shrinks every size (a smoke run of the harness, not a result;
 capacity: steps 50,100 of 20 s unless given). PostgreSQL runs with autovacuum
 on for the run, as production runs it, even on a server configured without it
-(``--autovacuum server`` leaves the server as it is; ``harness.db.server_autovacuum``).
+(``--autovacuum server`` leaves the server as it is), and with ``max_wal_size``
+8GB as docker-compose's server (``--max-wal-size server`` leaves it;
+``harness.db.server_settings``).
 Lateness is ``executed_at - due_at``, both stamped by the database clock.
 """
 
@@ -58,7 +60,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.harness.charts import charts
-from bench.harness.db import server_autovacuum
+from bench.harness.db import server_settings
 from bench.harness.processes import ROOT
 from bench.harness.report import (
     cpu_probe_ms,
@@ -295,6 +297,13 @@ def parse_args(argv=None):
         "for the run and put back after on a server configured without it, such as CI's) or "
         "'server' (as the server is configured; the runs of record up to session 23)",
     )
+    parser.add_argument(
+        "--max-wal-size",
+        default="8GB",
+        help="PostgreSQL's max_wal_size during the run (default 8GB, as docker-compose's "
+        "server runs; the server's default 1GB checkpoints every ~20 s at 2,000 payments/s) "
+        "or 'server' (as configured; the runs of record up to session 26)",
+    )
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--scenario", help=argparse.SUPPRESS)
     parser.add_argument("--scenario-out", help=argparse.SUPPRESS)
@@ -323,7 +332,7 @@ def main() -> int:
     revision = git_revision()  # now: the code the scenarios start with
     probes = {"before": cpu_probe_ms()}
     results = {}
-    with server_autovacuum(args.autovacuum):
+    with server_settings(autovacuum=args.autovacuum, max_wal_size=args.max_wal_size):
         for name in selected:
             results[name] = run_scenario_subprocess(name, child_argv, out)
             probes[f"after {name}"] = cpu_probe_ms()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import subprocess
 import sys
 
@@ -47,53 +48,81 @@ def prepare(database: str, redis_db: int, **extra: str) -> dict[str, str]:
     return env
 
 
-_AUTOVACUUM_SOURCE_SQL = """
-SELECT setting, coalesce(sourcefile, '') LIKE '%postgresql.auto.conf'
-  FROM pg_settings WHERE name = 'autovacuum'
+_SETTING_SQL = """
+SELECT current_setting(name), coalesce(sourcefile, '') LIKE '%%postgresql.auto.conf'
+  FROM pg_settings WHERE name = %s
 """
 
 
-def autovacuum_switch(wanted: str, before: str, in_auto_conf: bool) -> tuple[list[str], list[str]]:
-    """The statements that turn autovacuum as ``wanted`` for a run, and those that
-    put the server back: nothing either way unless ``wanted`` is ``"on"`` and
-    the server's setting (``before``) is not. A value that ``ALTER SYSTEM`` had
-    set before (``in_auto_conf``) is set again; otherwise the run's is reset, so
-    the configuration files decide again."""
-    if wanted not in ("on", "server"):
-        raise ValueError(f"autovacuum: 'on' or 'server', not {wanted!r}")
-    if wanted == "server" or before == "on":
+def setting_switch(
+    name: str, wanted: str | None, before: str, in_auto_conf: bool
+) -> tuple[list[str], list[str]]:
+    """The statements that set PostgreSQL's ``name`` to ``wanted`` for a run, and
+    those that put the server back: nothing either way when ``wanted`` is
+    ``None`` (leave the server as configured) or is already the server's value
+    (``before``, as ``current_setting`` shows it). A value that ``ALTER SYSTEM``
+    had set before (``in_auto_conf``) is set again; otherwise the run's is
+    reset, so the configuration files decide again."""
+    if wanted is None or wanted == before:
         return [], []
     reload = "SELECT pg_reload_conf()"
     if in_auto_conf:
-        restore = f"ALTER SYSTEM SET autovacuum = {before}"
+        restore = f"ALTER SYSTEM SET {name} = '{before}'"
     else:
-        restore = "ALTER SYSTEM RESET autovacuum"
-    return ["ALTER SYSTEM SET autovacuum = on", reload], [restore, reload]
+        restore = f"ALTER SYSTEM RESET {name}"
+    return [f"ALTER SYSTEM SET {name} = '{wanted}'", reload], [restore, reload]
+
+
+def autovacuum_switch(wanted: str, before: str, in_auto_conf: bool) -> tuple[list[str], list[str]]:
+    """``setting_switch`` for autovacuum: ``"on"`` or ``"server"`` (as configured)."""
+    if wanted not in ("on", "server"):
+        raise ValueError(f"autovacuum: 'on' or 'server', not {wanted!r}")
+    return setting_switch("autovacuum", None if wanted == "server" else "on", before, in_auto_conf)
+
+
+def max_wal_size_switch(
+    wanted: str, before: str, in_auto_conf: bool
+) -> tuple[list[str], list[str]]:
+    """``setting_switch`` for max_wal_size: a size such as ``"8GB"``, or ``"server"``."""
+    if wanted != "server" and not re.fullmatch(r"\d+(MB|GB)", wanted):
+        raise ValueError(f"max_wal_size: a size such as 8GB, or 'server', not {wanted!r}")
+    return setting_switch(
+        "max_wal_size", None if wanted == "server" else wanted, before, in_auto_conf
+    )
+
+
+SWITCHES = {"autovacuum": autovacuum_switch, "max_wal_size": max_wal_size_switch}
 
 
 @contextlib.contextmanager
-def server_autovacuum(wanted: str):
-    """PostgreSQL's autovacuum for the length of a run: ``"on"`` or ``"server"``.
+def server_settings(**wanted: str):
+    """PostgreSQL's settings for the length of a run, each ``"server"`` (as
+    configured) or its value for the run (``SWITCHES``), put back at the end.
 
     A production server runs autovacuum (the postgres image docker-compose
     starts does), but the CI server this box shares turns it off
     (``conf.d/90-ci.conf``), and with it off the payments table's dead row
-    versions pile up inside a capacity step (README, session 24). ``"on"``
-    turns it on for the run (``ALTER SYSTEM`` and a reload) and puts the
-    server back as it was at the end (``autovacuum_switch``); ``"server"``
-    leaves it as configured.
+    versions pile up inside a capacity step (README, session 24). The server's
+    default ``max_wal_size`` (1GB) makes a checkpoint every ~20 s at 2,000
+    payments/s ("checkpoints are occurring too frequently", PostgreSQL's log),
+    and after each one the first change to every page writes the whole page to
+    the WAL again (README, session 27); docker-compose's server runs with the
+    run's 8GB.
     """
     import psycopg
 
+    leave_all: list[str] = []
     with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
-        before, in_auto_conf = conn.execute(_AUTOVACUUM_SOURCE_SQL).fetchone()
-        enter, leave = autovacuum_switch(wanted, before, in_auto_conf)
-        for statement in enter:
-            conn.execute(statement)
+        for name, value in wanted.items():
+            before, in_auto_conf = conn.execute(_SETTING_SQL, [name]).fetchone()
+            enter, leave = SWITCHES[name](value, before, in_auto_conf)
+            for statement in enter:
+                conn.execute(statement)
+            leave_all = leave + leave_all
     try:
         yield
     finally:
-        if leave:
+        if leave_all:
             with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
-                for statement in leave:
+                for statement in leave_all:
                     conn.execute(statement)

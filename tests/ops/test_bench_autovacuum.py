@@ -1,4 +1,5 @@
-"""The benchmark turns PostgreSQL's autovacuum on for a run and puts the server back.
+"""The benchmark sets PostgreSQL's autovacuum and max_wal_size for a run and puts
+the server back.
 
 ``bench/run.py --autovacuum on`` (the default) runs the scenarios as a
 production server runs: the CI server this box shares has autovacuum off. What
@@ -11,22 +12,22 @@ from __future__ import annotations
 
 import pytest
 
-from bench.harness.db import autovacuum_switch
+from bench.harness.db import autovacuum_switch, max_wal_size_switch
 
 RELOAD = "SELECT pg_reload_conf()"
 
 
 def test_a_server_without_autovacuum_gets_it_for_the_run_and_its_files_decide_after():
     assert autovacuum_switch("on", "off", in_auto_conf=False) == (
-        ["ALTER SYSTEM SET autovacuum = on", RELOAD],
+        ["ALTER SYSTEM SET autovacuum = 'on'", RELOAD],
         ["ALTER SYSTEM RESET autovacuum", RELOAD],
     )
 
 
 def test_a_value_alter_system_had_set_is_set_again():
     assert autovacuum_switch("on", "off", in_auto_conf=True) == (
-        ["ALTER SYSTEM SET autovacuum = on", RELOAD],
-        ["ALTER SYSTEM SET autovacuum = off", RELOAD],
+        ["ALTER SYSTEM SET autovacuum = 'on'", RELOAD],
+        ["ALTER SYSTEM SET autovacuum = 'off'", RELOAD],
     )
 
 
@@ -43,3 +44,25 @@ def test_server_leaves_the_server_as_configured(before):
 def test_anything_else_is_refused():
     with pytest.raises(ValueError, match="autovacuum"):
         autovacuum_switch("off", "on", in_auto_conf=False)
+
+
+def test_the_run_s_max_wal_size_and_back():
+    assert max_wal_size_switch("8GB", "1GB", in_auto_conf=False) == (
+        ["ALTER SYSTEM SET max_wal_size = '8GB'", RELOAD],
+        ["ALTER SYSTEM RESET max_wal_size", RELOAD],
+    )
+    assert max_wal_size_switch("8GB", "2GB", in_auto_conf=True) == (
+        ["ALTER SYSTEM SET max_wal_size = '8GB'", RELOAD],
+        ["ALTER SYSTEM SET max_wal_size = '2GB'", RELOAD],
+    )
+
+
+@pytest.mark.parametrize(("wanted", "before"), [("8GB", "8GB"), ("server", "1GB")])
+def test_max_wal_size_already_so_or_server_is_left_alone(wanted, before):
+    assert max_wal_size_switch(wanted, before, in_auto_conf=False) == ([], [])
+
+
+@pytest.mark.parametrize("wanted", ["8 GB", "8GB; DROP TABLE x", "", "lots"])
+def test_a_max_wal_size_that_is_not_a_size_is_refused(wanted):
+    with pytest.raises(ValueError, match="max_wal_size"):
+        max_wal_size_switch(wanted, "1GB", in_auto_conf=False)
