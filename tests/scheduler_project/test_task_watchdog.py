@@ -241,7 +241,12 @@ def test_a_stuck_log_handler_does_not_stop_the_limits(watchdog, monkeypatch):
     exits, sent = [], []
     monkeypatch.setattr(os, "_exit", exits.append)
     monkeypatch.setattr(signal, "pthread_kill", lambda ident, sig: sent.append(sig))
-    handler = logging.Handler()
+
+    class Quiet(logging.Handler):
+        def emit(self, record):
+            pass
+
+    handler = Quiet()
     logger = logging.getLogger("scheduler_project.task_watchdog")
     logger.addHandler(handler)
     handler.acquire()  # held, as by a main thread blocked in emit()
@@ -256,6 +261,95 @@ def test_a_stuck_log_handler_does_not_stop_the_limits(watchdog, monkeypatch):
         checked.join(15)
         assert not checked.is_alive()
         assert sent == [signal.SIGALRM] and exits == [1]
+        # the log writers still wait on the lock: daemons, or a worker shutting
+        # down later would wait for them for good
+        writers = [t for t in threading.enumerate() if t.name.endswith("(log)")]
+        assert writers and all(t.daemon for t in writers)
     finally:
         handler.release()
         logger.removeHandler(handler)
+        logger.removeHandler(handler)
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """The watchdog's monotonic clock held at 1000.0, so a limit is reached exactly."""
+    import scheduler_project.task_watchdog as module
+
+    monkeypatch.setattr(module.time, "monotonic", lambda: 1000.0)
+    return 1000.0
+
+
+def test_each_limit_acts_when_it_is_reached_not_after(watchdog, monkeypatch, clock):
+    exits, sent = [], []
+    monkeypatch.setattr(os, "_exit", exits.append)
+    monkeypatch.setattr(signal, "pthread_kill", lambda ident, sig: sent.append(sig))
+    dog = watchdog(soft=90, hard=120)
+    dog.task_started("payments.execute_chunk")
+    dog.check(clock + 90)
+    assert (sent, exits) == ([signal.SIGALRM], [])
+    dog.check(clock + 120)
+    assert exits == [1]
+
+
+def test_the_limits_are_logged_with_the_task_and_the_limit(watchdog, monkeypatch, clock, caplog):
+    """Support reads these lines to find which task a worker gave up on and why."""
+    import logging
+
+    monkeypatch.setattr(os, "_exit", lambda code: None)
+    monkeypatch.setattr(signal, "pthread_kill", lambda ident, sig: None)
+    dog = watchdog(soft=90, hard=120)
+    dog.task_started("payments.execute_chunk")
+    with caplog.at_level(logging.INFO, logger="scheduler_project.task_watchdog"):
+        dog.check(clock + 90)
+        dog.check(clock + 120)
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.ERROR, "task payments.execute_chunk ran past its soft time limit (90 s)"),
+        (
+            logging.CRITICAL,
+            "task payments.execute_chunk ran past its hard time limit (120 s); "
+            "this solo worker exits",
+        ),
+    ]
+
+
+def test_the_interrupt_says_which_limit(watchdog):
+    dog = watchdog(soft=90)
+    dog.task_started("payments.execute_chunk")
+    dog._signalled = dog._task[0]
+    with pytest.raises(SoftTimeLimitExceeded, match=r"soft time limit \(90 s\) exceeded"):
+        dog._on_soft_limit(signal.SIGALRM, None)
+
+
+def test_before_the_first_task_there_is_nothing_to_watch(watchdog, monkeypatch):
+    monkeypatch.setattr(os, "_exit", lambda code: pytest.fail("exited"))
+    monkeypatch.setattr(signal, "pthread_kill", lambda ident, sig: pytest.fail("signalled"))
+    watchdog(soft=90, hard=120).check(float("inf"))
+
+
+def _watching_threads():
+    import threading
+
+    return [t for t in threading.enumerate() if t.name == "task-watchdog"]
+
+
+def test_one_named_daemon_thread_which_gives_sigalrm_back(watchdog):
+    """Named so it shows as itself in py-spy and thread dumps; a daemon, since a
+    worker never stops it and must not wait for it at exit; started once."""
+    before = signal.getsignal(signal.SIGALRM)
+    dog = watchdog(soft=90, hard=120)
+    dog.start()
+    dog.start()
+    assert len(_watching_threads()) == 1
+    assert dog._thread.daemon
+    assert signal.getsignal(signal.SIGALRM) == dog._on_soft_limit
+    dog.stop()
+    assert _watching_threads() == []
+    assert signal.getsignal(signal.SIGALRM) == before
+
+
+def test_without_limits_nothing_is_started(watchdog):
+    before = signal.getsignal(signal.SIGALRM)
+    watchdog(soft=None, hard=None).start()
+    assert _watching_threads() == []
+    assert signal.getsignal(signal.SIGALRM) == before
