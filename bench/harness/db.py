@@ -112,14 +112,16 @@ def server_settings(**wanted: str):
     import psycopg
 
     leave_all: list[str] = []
-    with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
-        for name, value in wanted.items():
-            before, in_auto_conf = conn.execute(_SETTING_SQL, [name]).fetchone()
-            enter, leave = SWITCHES[name](value, before, in_auto_conf)
-            for statement in enter:
-                conn.execute(statement)
-            leave_all = leave + leave_all
     try:
+        with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
+            for name, value in wanted.items():
+                before, in_auto_conf = conn.execute(_SETTING_SQL, [name]).fetchone()
+                enter, leave = SWITCHES[name](value, before, in_auto_conf)
+                # known before it is applied: a later setting that fails puts
+                # this one back too
+                leave_all = leave + leave_all
+                for statement in enter:
+                    conn.execute(statement)
         yield
     finally:
         if leave_all:

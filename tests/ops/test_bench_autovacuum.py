@@ -66,3 +66,43 @@ def test_max_wal_size_already_so_or_server_is_left_alone(wanted, before):
 def test_a_max_wal_size_that_is_not_a_size_is_refused(wanted):
     with pytest.raises(ValueError, match="max_wal_size"):
         max_wal_size_switch(wanted, "1GB", in_auto_conf=False)
+
+
+def test_a_setting_that_fails_to_apply_puts_back_those_applied_before_it(monkeypatch):
+    """The shared server must not keep the run's autovacuum because max_wal_size's
+    ALTER SYSTEM failed after it."""
+    import contextlib
+
+    import psycopg
+
+    from bench.harness.db import server_settings
+
+    sent = []
+
+    class Server:
+        def execute(self, statement, params=None):
+            if statement.startswith("\nSELECT current_setting"):
+                before = {"autovacuum": "off", "max_wal_size": "1GB"}[params[0]]
+                return type("Row", (), {"fetchone": lambda self: (before, False)})()
+            if "max_wal_size = '8GB'" in statement:
+                raise psycopg.errors.InsufficientPrivilege("refused")
+            sent.append(statement)
+
+    @contextlib.contextmanager
+    def connect(*args, **kwargs):
+        yield Server()
+
+    monkeypatch.setattr(psycopg, "connect", connect)
+    with (
+        pytest.raises(psycopg.errors.InsufficientPrivilege),
+        server_settings(autovacuum="on", max_wal_size="8GB"),
+    ):
+        pytest.fail("the run started")
+    assert sent == [
+        "ALTER SYSTEM SET autovacuum = 'on'",
+        RELOAD,
+        "ALTER SYSTEM RESET max_wal_size",
+        RELOAD,
+        "ALTER SYSTEM RESET autovacuum",
+        RELOAD,
+    ]
