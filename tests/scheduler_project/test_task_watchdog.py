@@ -263,12 +263,12 @@ def test_a_stuck_log_handler_does_not_stop_the_limits(watchdog, monkeypatch):
         assert sent == [signal.SIGALRM] and exits == [1]
         # the log writers still wait on the lock: daemons, or a worker shutting
         # down later would wait for them for good
-        writers = [t for t in threading.enumerate() if t.name.endswith("(log)")]
+        writers = _log_writers()
         assert writers and all(t.daemon for t in writers)
     finally:
         handler.release()
         # the writers log now that the lock is free: here, not into a later test
-        for writer in [t for t in threading.enumerate() if t.name.endswith("(log)")]:
+        for writer in _log_writers():
             writer.join(5)
         logger.removeHandler(handler)
 
@@ -278,7 +278,8 @@ def clock(monkeypatch):
     """The watchdog's monotonic clock held at 1000.0, so a limit is reached exactly."""
     import scheduler_project.task_watchdog as module
 
-    monkeypatch.setattr(module.time, "monotonic", lambda: 1000.0)
+    # the module's own name for the time module: the process's clock is left alone
+    monkeypatch.setattr(module, "time", SimpleNamespace(monotonic=lambda: 1000.0))
     return 1000.0
 
 
@@ -329,10 +330,19 @@ def test_before_the_first_task_there_is_nothing_to_watch(watchdog, monkeypatch):
     watchdog(soft=90, hard=120).check(float("inf"))
 
 
-def _watching_threads():
+def _threads_named(test):
     import threading
 
-    return [t for t in threading.enumerate() if t.name == "task-watchdog"]
+    return [t for t in threading.enumerate() if test(t.name)]
+
+
+def _watching_threads():
+    return _threads_named(lambda name: name == "task-watchdog")
+
+
+def _log_writers():
+    """``_log_briefly``'s threads (Python names a thread after its target)."""
+    return _threads_named(lambda name: name.endswith("(log)"))
 
 
 def test_one_named_daemon_thread_which_gives_sigalrm_back(watchdog):
