@@ -72,7 +72,13 @@ from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, transaction
 
-from ledger.db import bound_transaction_time, pipelined, plan_for_cached_data, write_rows
+from ledger.db import (
+    CACHED_DATA_PLAN,
+    pipelined,
+    set_local,
+    transaction_time_bound,
+    write_rows,
+)
 from ledger.exceptions import DuplicateReference, LedgerError, StaleAccounts
 from ledger.models import JournalEntry
 from ledger.services import LedgerBatch, locking_accounts_last
@@ -267,11 +273,14 @@ def _execute(items, partitions, worker, taken, *, lock_accounts_last: bool) -> C
         # 45-payment chunk with its collapse, 18 without (counted with strace).
         # Nothing in it may read a row count (see ``pipelined``).
         with pipelined():
-            plan_for_cached_data()  # batch UPDATEs by key, not a hash of the table
-            # the batch's time limit in the database (settings,
+            # One statement: batch UPDATEs by key, not a hash of the table
+            # (``plan_for_cached_data``), and the batch's time limit in the
+            # database (``bound_transaction_time``, settings'
             # PAYMENT_BATCH_TIMEOUT_SECONDS), below the task's own limits
             # (scheduler_project.task_watchdog in the solo payment workers)
-            bound_transaction_time(settings.PAYMENT_BATCH_TIMEOUT_SECONDS)
+            set_local(
+                CACHED_DATA_PLAN | transaction_time_bound(settings.PAYMENT_BATCH_TIMEOUT_SECONDS)
+            )
             result = _statements(fences, partitions, worker, taken, lock_accounts_last)
         transaction.on_commit(lambda: _after_commit(result))
     if result.stale:

@@ -304,12 +304,10 @@ def test_entry_posted_before_is_recorded_not_posted_again(alice, monkeypatch):
 
 
 CHUNK_STATEMENTS = [
-    # batch UPDATEs by key, not a hash of the table (ledger.db.plan_for_cached_data)
-    ("SET", "random_page_cost"),
-    # the batch's time limit (ledger.db.bound_transaction_time; the solo pool
-    # has none of Celery's)
-    ("SET", "statement_timeout"),
-    ("SET", "idle_in_transaction_session_timeout"),
+    # one statement (ledger.db.set_local): batch UPDATEs by key, not a hash
+    # of the table (random_page_cost), and the batch's time limit (the solo
+    # pool has none of Celery's)
+    ("SET", "random_page_cost", "statement_timeout", "idle_in_transaction_session_timeout"),
     ("LOCK", "payments_payment"),  # lock the chunk's payments, reading the one clock
     ("SELECT", "ledger_account"),  # read the accounts, no lock yet
     ("LOCK", "ledger_hold"),  # lock the holds
@@ -340,8 +338,8 @@ def statement(sql):
         "UPDATE ledger_account" in sql
     ):
         return ("CHECK+UPDATE", "ledger_account")
-    if sql.startswith("SET LOCAL "):
-        return ("SET", sql.split()[2])
+    if sql.startswith("SELECT set_config("):  # ledger.db.set_local: the settings, in order
+        return ("SET", *re.findall(r"set_config\('(\w+)'", sql))
     if sql.startswith("WITH w0 AS ("):  # ledger.db.write_rows: the tables, in order
         return ("WRITE", *re.findall(r'(?:UPDATE|INSERT INTO) "(\w+)"', sql))
     function = re.match(r"SELECT (\w+)\(", sql)
