@@ -51,6 +51,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -234,10 +235,18 @@ def run_scenario_subprocess(name: str, argv: list[str], out: Path) -> dict:
     path = out / f"{name}.json"
     started = time.monotonic()
     print(f"== {name} …", flush=True)
-    proc = subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, __file__, "--scenario", name, "--scenario-out", str(path), *argv],
         cwd=ROOT,
     )
+    try:
+        proc.wait()
+    except BaseException:
+        # Stopped (SIGTERM, see ``stop_on_sigterm``; Ctrl-C): the scenario is
+        # asked to stop too, so it stops the service processes it started.
+        proc.terminate()
+        proc.wait(timeout=60)
+        raise
     if proc.returncode != 0 or not path.exists():
         return {"error": f"exit {proc.returncode}; see output above"}
     data = json.loads(path.read_text())
@@ -318,7 +327,21 @@ def parse_args(argv=None):
     return args
 
 
+def stop_on_sigterm() -> None:
+    """A SIGTERM ends this process as an exception would, so what it started
+    is put back on the way out: the service processes a scenario runs
+    (``Service``) and the shared server's settings (``server_settings``). A
+    killed run used to leave both — the server with the run's autovacuum and
+    WAL size, for whatever used it next (the CI suite included)."""
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def main() -> int:
+    stop_on_sigterm()
     args = parse_args()
     if args.scenario:  # child: one scenario, JSON to --scenario-out
         result = SCENARIOS[args.scenario](args)
