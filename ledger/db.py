@@ -230,8 +230,9 @@ def bulk_insert_rows(objs: Sequence[models.Model], *, read_back: bool = True) ->
     """Insert ``objs`` (all of one model, not yet saved) in one statement.
 
     As ``bulk_create`` does, the objects come back saved: primary keys set
-    (an auto pk is taken from the table's sequence first — or, for a single
-    row, from the INSERT's RETURNING — so rows inserted afterwards can refer
+    (an auto pk from the INSERT's RETURNING, for a single row or where a
+    unique text column tells the rows apart, ``_returning_key``; else taken
+    from the table's sequence first — so rows inserted afterwards can refer
     to it) and database defaults read back.
 
     ``read_back=False`` is for rows nothing refers to afterwards (postings,
@@ -244,7 +245,6 @@ def bulk_insert_rows(objs: Sequence[models.Model], *, read_back: bool = True) ->
     model = type(objs[0])
     meta = model._meta
     pk = meta.pk
-    first = objs[0]
     db_defaults = _db_defaults(objs)
     if connection.vendor != "postgresql" or db_defaults is None:
         model.objects.bulk_create(objs)
@@ -253,17 +253,26 @@ def bulk_insert_rows(objs: Sequence[models.Model], *, read_back: bool = True) ->
         _execute(_insert_statement(objs, db_defaults))
         return
     auto_pk = isinstance(pk, AutoFieldMixin) and any(obj.pk is None for obj in objs)
-    if auto_pk and len(objs) == 1:
-        # One row: the row RETURNING gives back is its own, so the database
-        # assigns the pk in the INSERT itself, without a sequence round trip
-        # first (a schedule's hold). Several rows keep the round trip: the
-        # order of rows RETURNING gives back is not promised.
+    key = _returning_key(objs) if auto_pk and len(objs) > 1 else None
+    if auto_pk and (len(objs) == 1 or key is not None):
+        # The database assigns the pks in the INSERT itself, without a
+        # sequence round trip first, and RETURNING gives them back: for one
+        # row (a schedule's hold) its own, for several (the executor's
+        # journal entries) each with its value of a unique column
+        # (``_returning_key``) to tell which object it is — the order of
+        # RETURNING's rows is not promised.
         columns = [f for f in meta.concrete_fields if f not in db_defaults and f is not pk]
-        ((first.pk, *values),) = _insert(meta.db_table, columns, objs, returning=[pk, *db_defaults])
-        for field, value in zip(db_defaults, values, strict=True):
-            setattr(first, field.attname, value)
-        first._state.adding = False
-        first._state.db = connection.alias
+        returning = [pk, *db_defaults] if key is None else [key, pk, *db_defaults]
+        rows = _insert(meta.db_table, columns, objs, returning=returning)
+        if key is not None:
+            by_key = {row[0]: row[1:] for row in rows}
+            rows = [by_key[getattr(obj, key.attname)] for obj in objs]
+        for obj, (obj_pk, *values) in zip(objs, rows, strict=True):
+            obj.pk = obj_pk
+            for field, value in zip(db_defaults, values, strict=True):
+                setattr(obj, field.attname, value)
+            obj._state.adding = False
+            obj._state.db = connection.alias
         return
     if auto_pk:
         with connection.cursor() as cursor:
@@ -283,6 +292,24 @@ def bulk_insert_rows(objs: Sequence[models.Model], *, read_back: bool = True) ->
             setattr(obj, field.attname, value)
         obj._state.adding = False
         obj._state.db = connection.alias
+
+
+def _returning_key(objs: Sequence[models.Model]) -> models.Field | None:
+    """A unique text column by which the rows RETURNING gives back can be
+    matched to ``objs`` (all without a pk): one whose value every object gives
+    (no default, no ``pre_save`` stamping) and no two share — a journal
+    entry's ``reference``. Text comes back as it went in; a value too long
+    for its column is refused (``_array_type``), never cut short. None if
+    there is none: the pks are then taken from the sequence first."""
+    for field in objs[0]._meta.concrete_fields:
+        if not (field.unique and isinstance(field, models.CharField) and _read_as_is(field, True)):
+            continue
+        if field.db_default is not models.NOT_PROVIDED:
+            continue
+        values = [getattr(obj, field.attname) for obj in objs]
+        if None not in values and len(set(values)) == len(values):
+            return field
+    return None
 
 
 def _db_defaults(objs: Sequence[models.Model]) -> list[models.Field] | None:

@@ -186,6 +186,54 @@ def test_one_row_with_an_auto_id_comes_back_with_the_id_the_insert_gave_it():
     assert JournalEntry.objects.get(reference="one:auto").pk == e.pk is not None
 
 
+def test_several_rows_with_a_unique_text_take_their_ids_from_the_insert(monkeypatch):
+    """Journal entries, each with its own reference: one statement, no sequence
+    round trip; each object gets its own row's id and defaults, matched by the
+    reference, whatever order RETURNING gives the rows in."""
+    from ledger import db
+
+    insert = db._insert
+    monkeypatch.setattr(db, "_insert", lambda *a, **kw: list(reversed(insert(*a, **kw))))
+    entries = [entry(f"ret:{i}", description=f"d{i}") for i in range(3)]
+    with CaptureQueriesContext(connection) as ctx:
+        bulk_insert_rows(entries)
+    assert len(ctx) == 1 and "RETURNING" in ctx[0]["sql"] and "nextval" not in ctx[0]["sql"]
+    stored = {
+        e.reference: (e.pk, e.created_at, e.description)
+        for e in JournalEntry.objects.filter(reference__startswith="ret:")
+    }
+    assert {e.reference: (e.pk, e.created_at, e.description) for e in entries} == stored
+    assert len({e.pk for e in entries}) == 3 and None not in {e.pk for e in entries}
+    assert [(e._state.adding, e._state.db) for e in entries] == [(False, "default")] * 3
+
+
+@pytest.mark.parametrize(
+    "references", [["seq:a", None, "seq:b"], ["seq:a", "seq:b", "seq:a"]], ids=["none", "twice"]
+)
+def test_rows_no_unique_text_tells_apart_take_their_ids_from_the_sequence_first(references):
+    """A missing or repeated reference cannot tell RETURNING's rows apart: the
+    ids come from the sequence first (two statements); a repeated one is then
+    refused by the UNIQUE constraint, as ever."""
+    from django.db import IntegrityError
+
+    entries = [entry(r) for r in references]
+    with CaptureQueriesContext(connection) as ctx:
+        if len(set(references)) < len(references):
+            with pytest.raises(IntegrityError), transaction.atomic():
+                bulk_insert_rows(entries)
+        else:
+            bulk_insert_rows(entries)
+    sent = [q["sql"] for q in ctx.captured_queries if "SAVEPOINT" not in q["sql"]]
+    assert "nextval" in sent[0] and len(sent) == 2
+    if None in references:
+        stored = dict(
+            JournalEntry.objects.filter(pk__in=[e.pk for e in entries]).values_list(
+                "pk", "reference"
+            )
+        )
+        assert {e.pk: e.reference for e in entries} == stored
+
+
 @pytest.mark.parametrize("n", [1, 3])
 def test_an_over_long_text_is_refused_not_cut_short(n):
     """A value longer than its column (``JournalEntry.reference``: 128, unique)
