@@ -297,8 +297,8 @@ def bulk_insert_rows(objs: Sequence[models.Model], *, read_back: bool = True) ->
 def _returning_key(objs: Sequence[models.Model]) -> models.Field | None:
     """A unique text column by which the rows RETURNING gives back can be
     matched to ``objs`` (all without a pk): one whose value every object gives
-    (no default, no ``pre_save`` stamping) and no two share — a journal
-    entry's ``reference``. Text comes back as it went in; a value too long
+    as a string (no default, no ``pre_save`` stamping) and no two share — a
+    journal entry's ``reference``. Text comes back as it went in; a value too long
     for its column is refused (``_array_type``), never cut short. None if
     there is none: the pks are then taken from the sequence first."""
     for field in objs[0]._meta.concrete_fields:
@@ -307,7 +307,7 @@ def _returning_key(objs: Sequence[models.Model]) -> models.Field | None:
         if field.db_default is not models.NOT_PROVIDED:
             continue
         values = [getattr(obj, field.attname) for obj in objs]
-        if None not in values and len(set(values)) == len(values):
+        if all(isinstance(v, str) for v in values) and len(set(values)) == len(values):
             return field
     return None
 
