@@ -230,8 +230,8 @@ def bulk_insert_rows(objs: Sequence[models.Model], *, read_back: bool = True) ->
     """Insert ``objs`` (all of one model, not yet saved) in one statement.
 
     As ``bulk_create`` does, the objects come back saved: primary keys set
-    (an auto pk from the INSERT's RETURNING, for a single row or where a
-    unique text column tells the rows apart, ``_returning_key``; else taken
+    (an auto pk from the INSERT's RETURNING, where a text column tells the
+    rows apart, ``_returning_key``, or for a single row; else taken
     from the table's sequence first — so rows inserted afterwards can refer
     to it) and database defaults read back.
 
@@ -253,14 +253,14 @@ def bulk_insert_rows(objs: Sequence[models.Model], *, read_back: bool = True) ->
         _execute(_insert_statement(objs, db_defaults))
         return
     auto_pk = isinstance(pk, AutoFieldMixin) and any(obj.pk is None for obj in objs)
-    key = _returning_key(objs) if auto_pk and len(objs) > 1 else None
-    if auto_pk and (len(objs) == 1 or key is not None):
+    key = _returning_key(objs) if auto_pk else None
+    if key is not None or (auto_pk and len(objs) == 1):
         # The database assigns the pks in the INSERT itself, without a
-        # sequence round trip first, and RETURNING gives them back: for one
-        # row (a schedule's hold) its own, for several (the executor's
-        # journal entries) each with its value of a unique column
-        # (``_returning_key``) to tell which object it is — the order of
-        # RETURNING's rows is not promised.
+        # sequence round trip first, and RETURNING gives them back, each row
+        # with its value of a text column that tells the objects apart
+        # (``_returning_key``: the executor's journal entries, by reference)
+        # — the order of RETURNING's rows is not promised — or, for one row
+        # without such a column, its own.
         columns = [f for f in meta.concrete_fields if f not in db_defaults and f is not pk]
         returning = [pk, *db_defaults] if key is None else [key, pk, *db_defaults]
         rows = _insert(meta.db_table, columns, objs, returning=returning)
@@ -295,20 +295,17 @@ def bulk_insert_rows(objs: Sequence[models.Model], *, read_back: bool = True) ->
 
 
 def _returning_key(objs: Sequence[models.Model]) -> models.Field | None:
-    """A unique text column by which the rows RETURNING gives back can be
-    matched to ``objs`` (all without a pk): one whose value every object gives
-    as a string (no default, no ``pre_save`` stamping) and no two share — a
-    journal entry's ``reference``. Text comes back as it went in; a value too long
-    for its column is refused (``_array_type``), never cut short. None if
-    there is none: the pks are then taken from the sequence first."""
+    """A text column by which the rows RETURNING gives back can be matched to
+    ``objs``: one whose value every object gives as a string, written as it
+    is (``Field.pre_save``), and no two share — a journal entry's
+    ``reference``. Text comes back as it went in; a value too long for its
+    column is refused (``_array_type``), never cut short. None if there is
+    none: the pks are then taken from the sequence first."""
     for field in objs[0]._meta.concrete_fields:
-        if not (field.unique and isinstance(field, models.CharField) and _read_as_is(field, True)):
-            continue
-        if field.db_default is not models.NOT_PROVIDED:
-            continue
-        values = [getattr(obj, field.attname) for obj in objs]
-        if all(isinstance(v, str) for v in values) and len(set(values)) == len(values):
-            return field
+        if isinstance(field, models.CharField) and type(field).pre_save is models.Field.pre_save:
+            values = [getattr(obj, field.attname) for obj in objs]
+            if all(isinstance(v, str) for v in values) and len(set(values)) == len(values):
+                return field
     return None
 
 

@@ -208,30 +208,38 @@ def test_several_rows_with_a_unique_text_take_their_ids_from_the_insert(monkeypa
 
 
 @pytest.mark.parametrize(
-    "references", [["seq:a", None, "seq:b"], ["seq:a", "seq:b", "seq:a"]], ids=["none", "twice"]
+    "references",
+    [["seq:a", None, "seq:b"], [101, 102], ["seq:a", "seq:b", "seq:a"]],
+    ids=["none", "not-text", "twice"],
 )
-def test_rows_no_unique_text_tells_apart_take_their_ids_from_the_sequence_first(references):
-    """A missing or repeated reference cannot tell RETURNING's rows apart: the
-    ids come from the sequence first (two statements); a repeated one is then
-    refused by the UNIQUE constraint, as ever."""
+def test_rows_no_text_tells_apart_take_their_ids_from_the_sequence_first(references):
+    """A missing, repeated or non-text reference cannot tell RETURNING's rows
+    apart (a number is stored as text and would come back as another value):
+    the ids come from the sequence first (two statements), and the objects
+    come back saved; a repeated one is then refused by the UNIQUE constraint,
+    as ever."""
     from django.db import IntegrityError
 
     entries = [entry(r) for r in references]
+    repeated = len(set(references)) < len(references)
     with CaptureQueriesContext(connection) as ctx:
-        if len(set(references)) < len(references):
+        if repeated:
             with pytest.raises(IntegrityError), transaction.atomic():
                 bulk_insert_rows(entries)
         else:
             bulk_insert_rows(entries)
     sent = [q["sql"] for q in ctx.captured_queries if "SAVEPOINT" not in q["sql"]]
     assert "nextval" in sent[0] and len(sent) == 2
-    if None in references:
+    if not repeated:
         stored = dict(
             JournalEntry.objects.filter(pk__in=[e.pk for e in entries]).values_list(
-                "pk", "reference"
+                "pk", "created_at"
             )
         )
-        assert {e.pk: e.reference for e in entries} == stored
+        assert {e.pk: e.created_at for e in entries} == stored and None not in stored.values()
+        assert [(e._state.adding, e._state.db) for e in entries] == [(False, "default")] * len(
+            entries
+        )
 
 
 @pytest.mark.parametrize("n", [1, 3])
