@@ -231,7 +231,7 @@ def bulk_insert_rows(objs: Sequence[models.Model], *, read_back: bool = True) ->
 
     As ``bulk_create`` does, the objects come back saved: primary keys set
     (an auto pk from the INSERT's RETURNING, where a text column tells the
-    rows apart, ``_returning_key``, or for a single row; else taken
+    rows apart, ``_returning_key``; else taken
     from the table's sequence first — so rows inserted afterwards can refer
     to it) and database defaults read back.
 
@@ -254,19 +254,17 @@ def bulk_insert_rows(objs: Sequence[models.Model], *, read_back: bool = True) ->
         return
     auto_pk = isinstance(pk, AutoFieldMixin) and any(obj.pk is None for obj in objs)
     key = _returning_key(objs) if auto_pk else None
-    if key is not None or (auto_pk and len(objs) == 1):
+    if key is not None:
         # The database assigns the pks in the INSERT itself, without a
         # sequence round trip first, and RETURNING gives them back, each row
         # with its value of a text column that tells the objects apart
-        # (``_returning_key``: the executor's journal entries, by reference)
-        # — the order of RETURNING's rows is not promised — or, for one row
-        # without such a column, its own.
+        # (``_returning_key``: for the executor's journal entries their
+        # reference, for a single row any text value) — the order of
+        # RETURNING's rows is not promised.
         columns = [f for f in meta.concrete_fields if f not in db_defaults and f is not pk]
-        returning = [pk, *db_defaults] if key is None else [key, pk, *db_defaults]
-        rows = _insert(meta.db_table, columns, objs, returning=returning)
-        if key is not None:
-            by_key = {row[0]: row[1:] for row in rows}
-            rows = [by_key[getattr(obj, key.attname)] for obj in objs]
+        returned = _insert(meta.db_table, columns, objs, returning=[key, pk, *db_defaults])
+        by_key = {row[0]: row[1:] for row in returned}
+        rows = [by_key[getattr(obj, key.attname)] for obj in objs]
         for obj, (obj_pk, *values) in zip(objs, rows, strict=True):
             obj.pk = obj_pk
             for field, value in zip(db_defaults, values, strict=True):

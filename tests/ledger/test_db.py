@@ -207,6 +207,17 @@ def test_several_rows_with_a_unique_text_take_their_ids_from_the_insert(monkeypa
     assert [(e._state.adding, e._state.db) for e in entries] == [(False, "default")] * 3
 
 
+def test_one_row_without_a_reference_takes_its_id_from_the_insert():
+    """One row: any text value tells it apart (its ``kind``), so RETURNING gives
+    its id back without a sequence round trip first."""
+    e = entry(None)
+    with CaptureQueriesContext(connection) as ctx:
+        bulk_insert_rows([e])
+    assert len(ctx) == 1 and " VALUES (" in ctx[0]["sql"] and "nextval" not in ctx[0]["sql"]
+    stored = JournalEntry.objects.get(pk=e.pk)
+    assert stored.reference is None and stored.created_at == e.created_at is not None
+
+
 @pytest.mark.parametrize(
     "references",
     [["seq:a", None, "seq:b"], [101, 102], ["seq:a", "seq:b", "seq:a"]],
