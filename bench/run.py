@@ -231,6 +231,10 @@ def without_option(argv: list[str], option: str) -> list[str]:
     return out
 
 
+# How long a scenario asked to stop has to stop its service processes.
+SCENARIO_STOP_SECONDS = 60
+
+
 def run_scenario_subprocess(name: str, argv: list[str], out: Path) -> dict:
     path = out / f"{name}.json"
     started = time.monotonic()
@@ -245,7 +249,13 @@ def run_scenario_subprocess(name: str, argv: list[str], out: Path) -> dict:
         # Stopped (SIGTERM, see ``stop_on_sigterm``; Ctrl-C): the scenario is
         # asked to stop too, so it stops the service processes it started.
         proc.terminate()
-        proc.wait(timeout=60)
+        try:
+            proc.wait(timeout=SCENARIO_STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            # Not stopped in time: killed (its service processes may outlive
+            # it), and the exception that stopped the run is the one raised.
+            proc.kill()
+            proc.wait()
         raise
     if proc.returncode != 0 or not path.exists():
         return {"error": f"exit {proc.returncode}; see output above"}

@@ -158,50 +158,40 @@ def pipelined() -> Iterator[None]:
         yield
 
 
-# What ``plan_for_cached_data`` sets (its docstring says why).
+# Within the executor's transaction, plan as if the data were in memory
+# (``set_local(CACHED_DATA_PLAN)``: ``random_page_cost = 1.1``).
+#
+# A batch's ``UPDATE … FROM unnest(…)`` joins its rows to the table by primary
+# key. Costed with the default random_page_cost (4, a spinning disk's), a batch
+# of a few hundred rows against a table of some 100,000 is planned as a
+# sequential scan of the whole table into a hash: the executor's hold UPDATE of
+# an 800-payment batch took 26-29 ms that way against 6.5-7 ms by the primary
+# key (100,000 holds, analysed or not; ``bench/results/…-s19-*``). The
+# executor's statements all fetch rows by key or a short index range, so for
+# its transaction the cheaper random fetch is the truer cost. ``LOCAL``: it ends
+# with the transaction, so a connection the pool hands on is as it was.
 CACHED_DATA_PLAN = {"random_page_cost": "1.1"}
 
 
-def plan_for_cached_data() -> None:
-    """Within the caller's transaction, plan as if the data were in memory
-    (``SET LOCAL random_page_cost = 1.1``; PostgreSQL only, else nothing).
-
-    A batch's ``UPDATE … FROM unnest(…)`` joins its rows to the table by primary
-    key. Costed with the default random_page_cost (4, a spinning disk's), a
-    batch of a few hundred rows against a table of some 100,000 is planned as a
-    sequential scan of the whole table into a hash: the executor's hold UPDATE
-    of an 800-payment batch took 26-29 ms that way against 6.5-7 ms by the
-    primary key (100,000 holds, analysed or not; ``bench/results/…-s19-*``).
-    The executor's statements all fetch rows by key or a short index range, so
-    for its transaction the cheaper random fetch is the truer cost. ``LOCAL``:
-    it ends with the transaction, so a connection the pool hands on is as it was.
-    """
-    set_local(CACHED_DATA_PLAN)
-
-
 def transaction_time_bound(seconds: float) -> dict[str, str]:
-    """The settings ``bound_transaction_time(seconds)`` makes (its docstring says what they do)."""
-    milliseconds = str(max(int(seconds * 1000), 1))
-    return {
-        "statement_timeout": milliseconds,
-        "idle_in_transaction_session_timeout": milliseconds,
-    }
-
-
-def bound_transaction_time(seconds: float) -> None:
-    """Within the caller's transaction, let no statement run, and the
-    transaction not sit idle, longer than ``seconds`` (``SET LOCAL
-    statement_timeout`` and ``idle_in_transaction_session_timeout``;
-    PostgreSQL only, else nothing).
+    """The settings that, given to ``set_local`` within the caller's
+    transaction, let no statement run, and the transaction not sit idle,
+    longer than ``seconds`` (``statement_timeout`` and
+    ``idle_in_transaction_session_timeout``, in whole milliseconds, at least 1:
+    0 would mean no limit).
 
     A statement past it is cancelled (``OperationalError``, so the caller's
     transaction rolls back); a session idle in the transaction past it is
     ended by the server, which frees its row locks even if the process that
     holds them is stuck: the database's own bound, beneath whatever limits the
     process applies (a solo-pool Celery worker's watchdog). ``LOCAL``, like
-    ``plan_for_cached_data``: it ends with the transaction.
+    ``CACHED_DATA_PLAN``: it ends with the transaction.
     """
-    set_local(transaction_time_bound(seconds))
+    milliseconds = str(max(int(seconds * 1000), 1))
+    return {
+        "statement_timeout": milliseconds,
+        "idle_in_transaction_session_timeout": milliseconds,
+    }
 
 
 def set_local(values: dict[str, str]) -> None:
@@ -254,25 +244,7 @@ def bulk_insert_rows(objs: Sequence[models.Model], *, read_back: bool = True) ->
         return
     auto_pk = isinstance(pk, AutoFieldMixin) and any(obj.pk is None for obj in objs)
     key = _returning_key(objs) if auto_pk else None
-    if key is not None:
-        # The database assigns the pks in the INSERT itself, without a
-        # sequence round trip first, and RETURNING gives them back, each row
-        # with its value of a text column that tells the objects apart
-        # (``_returning_key``: for the executor's journal entries their
-        # reference, for a single row any text value) — the order of
-        # RETURNING's rows is not promised.
-        columns = [f for f in meta.concrete_fields if f not in db_defaults and f is not pk]
-        returned = _insert(meta.db_table, columns, objs, returning=[key, pk, *db_defaults])
-        by_key = {row[0]: row[1:] for row in returned}
-        rows = [by_key[getattr(obj, key.attname)] for obj in objs]
-        for obj, (obj_pk, *values) in zip(objs, rows, strict=True):
-            obj.pk = obj_pk
-            for field, value in zip(db_defaults, values, strict=True):
-                setattr(obj, field.attname, value)
-            obj._state.adding = False
-            obj._state.db = connection.alias
-        return
-    if auto_pk:
+    if auto_pk and key is None:
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT nextval(pg_get_serial_sequence(%s, %s)) FROM generate_series(1, %s)",
@@ -280,13 +252,19 @@ def bulk_insert_rows(objs: Sequence[models.Model], *, read_back: bool = True) ->
             )
             for obj, (value,) in zip(objs, cursor.fetchall(), strict=True):
                 obj.pk = value
-    columns = [f for f in meta.concrete_fields if f not in db_defaults]
-    returned = {
-        row[0]: row[1:]
-        for row in _insert(meta.db_table, columns, objs, returning=[pk, *db_defaults])
-    }
+    # With a key the database assigns the pks in the INSERT itself, without a
+    # sequence round trip first; each row RETURNING gives back is matched to
+    # its object by the key's value (for the executor's journal entries their
+    # reference), else by the pk the object already has — the order of
+    # RETURNING's rows is not promised.
+    match = pk if key is None else key
+    skipped = db_defaults if key is None else [*db_defaults, pk]
+    columns = [f for f in meta.concrete_fields if f not in skipped]
+    returned = _insert(meta.db_table, columns, objs, returning=[match, pk, *db_defaults])
+    by_match = {row[0]: row[1:] for row in returned}
     for obj in objs:
-        for field, value in zip(db_defaults, returned[obj.pk], strict=True):
+        obj.pk, *values = by_match[getattr(obj, match.attname)]
+        for field, value in zip(db_defaults, values, strict=True):
             setattr(obj, field.attname, value)
         obj._state.adding = False
         obj._state.db = connection.alias

@@ -275,8 +275,8 @@ def _execute(items, partitions, worker, taken, *, lock_accounts_last: bool) -> C
         # Nothing in it may read a row count (see ``pipelined``).
         with pipelined():
             # One statement: batch UPDATEs by key, not a hash of the table
-            # (``plan_for_cached_data``), and the batch's time limit in the
-            # database (``bound_transaction_time``, settings'
+            # (``CACHED_DATA_PLAN``), and the batch's time limit in the
+            # database (``transaction_time_bound``, settings'
             # PAYMENT_BATCH_TIMEOUT_SECONDS), below the task's own limits
             # (scheduler_project.task_watchdog in the solo payment workers)
             set_local(

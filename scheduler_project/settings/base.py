@@ -555,7 +555,7 @@ PAYMENT_SWEEP_TICK_MS = env.int("PAYMENT_SWEEP_TICK_MS", default=200)
 PAYMENT_SWEEP_WINDOW_SECONDS = env.float("PAYMENT_SWEEP_WINDOW_SECONDS", default=0.9)
 # Claims before a payment is dead-lettered (FAILED max_attempts_exceeded).
 PAYMENT_MAX_ATTEMPTS = env.int("PAYMENT_MAX_ATTEMPTS", default=5)
-# The executor's time limit per batch, in PostgreSQL (ledger.db.bound_transaction_time):
+# The executor's time limit per batch, in PostgreSQL (ledger.db.transaction_time_bound):
 # no statement of its transaction runs longer, and the transaction does not sit
 # idle longer (a stuck process's row locks are freed by the server). A batch
 # takes milliseconds (an 800-payment one ~0.3 s on 2 cores); one that hits the

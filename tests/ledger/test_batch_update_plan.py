@@ -1,6 +1,6 @@
 """Plan regression: a batch's ``UPDATE … FROM unnest(…)`` (``ledger.db.bulk_update_rows``)
 fetches its rows by primary key inside the executor's transaction, not by
-hashing the whole table (``ledger.db.plan_for_cached_data``).
+hashing the whole table (``ledger.db.CACHED_DATA_PLAN``).
 
 Costed with PostgreSQL's default ``random_page_cost`` (4), a batch of 800
 holds against a table of 100,000 is planned as a sequential scan of the table
@@ -11,7 +11,7 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from ledger.db import bulk_update_rows, plan_for_cached_data
+from ledger.db import CACHED_DATA_PLAN, bulk_update_rows, set_local
 from ledger.models import Hold
 from tests.factories import AccountFactory
 from tests.plans import explain_call, index_scan, node_types
@@ -46,7 +46,7 @@ def test_the_executors_batch_update_fetches_its_rows_by_key(holds):
     with connection.cursor() as cursor:  # as a server left at the default
         cursor.execute("SET LOCAL random_page_cost = 4")
     with transaction.atomic():
-        plan_for_cached_data()
+        set_local(CACHED_DATA_PLAN)
         plan = explain_call(update(holds), "ledger_hold")
     scan = index_scan(plan, "ledger_hold_pkey")
     assert scan is not None and "Seq Scan" not in node_types(plan), plan
@@ -61,7 +61,7 @@ def test_the_setting_ends_with_the_transaction():
         cursor.execute("SHOW random_page_cost")
         before = cursor.fetchone()[0]
         with transaction.atomic():
-            plan_for_cached_data()
+            set_local(CACHED_DATA_PLAN)
             cursor.execute("SHOW random_page_cost")
             assert cursor.fetchone()[0] == "1.1"
         cursor.execute("SHOW random_page_cost")

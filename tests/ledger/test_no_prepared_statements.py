@@ -15,7 +15,7 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from ledger.db import plan_for_cached_data
+from ledger.db import CACHED_DATA_PLAN, set_local
 from payments.locks import lock_due_queued
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
@@ -28,7 +28,7 @@ def test_connections_prepare_nothing():
 
 def test_the_collapse_runs_unprepared_however_often_it_runs():
     with transaction.atomic():
-        plan_for_cached_data()
+        set_local(CACHED_DATA_PLAN)
         for _ in range(20):
             lock_due_queued([1, 2], now=timezone.now(), limit=600, exclude=[])
     with connection.cursor() as cursor:

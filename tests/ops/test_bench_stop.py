@@ -91,3 +91,39 @@ def test_a_stopped_run_stops_its_scenario_process_gently(
     sender.join(5)
     assert stopped.value.code == 128 + signal.SIGTERM
     assert (tmp_path / "cleaned up").exists()
+
+
+# A scenario that does not stop when asked (its cleanup hangs, say).
+STUBBORN_SCENARIO = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    from pathlib import Path
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    folder = Path(sys.argv[-1])
+    (folder / "started").write_text(str(os.getpid()))
+    time.sleep(120)
+    """
+)
+
+
+def test_a_scenario_that_does_not_stop_is_killed_and_the_stop_still_raised(
+    tmp_path, monkeypatch, sigterm_handler_restored
+):
+    script = tmp_path / "scenario.py"
+    script.write_text(STUBBORN_SCENARIO)
+    monkeypatch.setattr(bench_run, "__file__", str(script))
+    monkeypatch.setattr(bench_run, "SCENARIO_STOP_SECONDS", 1)
+    bench_run.stop_on_sigterm()
+    sender = threading.Thread(
+        target=lambda: (_wait_for(tmp_path / "started"), os.kill(os.getpid(), signal.SIGTERM)),
+        daemon=True,
+    )
+    sender.start()
+    with pytest.raises(SystemExit) as stopped:
+        bench_run.run_scenario_subprocess("stubborn", [str(tmp_path)], tmp_path)
+    sender.join(5)
+    assert stopped.value.code == 128 + signal.SIGTERM
+    pid = int((tmp_path / "started").read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # killed and reaped, not left running

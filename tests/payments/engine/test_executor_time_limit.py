@@ -3,7 +3,7 @@
 Payment workers run Celery's solo pool (Procfile), where Celery's soft and hard
 time limits do not apply: a batch that waits forever would hold its worker
 forever. The batch's transaction carries the limit in PostgreSQL instead
-(``ledger.db.bound_transaction_time``): a statement past it is cancelled, the
+(``ledger.db.transaction_time_bound``): a statement past it is cancelled, the
 batch rolls back with a transient error (the task retries, then splits), and
 nothing of it is written.
 """
@@ -14,7 +14,7 @@ import time
 import pytest
 from django.db import OperationalError, connection, transaction
 
-from ledger.db import bound_transaction_time
+from ledger.db import set_local, transaction_time_bound
 from ledger.models import Account
 from payments.clock import db_now
 from payments.engine import executor
@@ -86,7 +86,7 @@ def _setting(name: str) -> str:
 def test_the_limit_covers_statements_and_idle_time_and_ends_with_the_transaction(seconds, shown):
     before = (_setting("statement_timeout"), _setting("idle_in_transaction_session_timeout"))
     with transaction.atomic():
-        bound_transaction_time(seconds)
+        set_local(transaction_time_bound(seconds))
         assert _setting("statement_timeout") == shown
         assert _setting("idle_in_transaction_session_timeout") == shown
     assert (_setting("statement_timeout"), _setting("idle_in_transaction_session_timeout")) == (
