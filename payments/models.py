@@ -43,7 +43,9 @@ class Payment(models.Model):
     # Indexes cost every write: status changes are never HOT updates, so each
     # claim and each completion writes one entry into every index of the table.
     # A foreign key that another index already leads with has no index of its
-    # own, and one that is NULL on most rows has a partial index (see Meta).
+    # own, one that is NULL on most rows has a partial index (see Meta), and one
+    # that nothing looks payments up by (the target account, the hold: neither
+    # is ever deleted, and no query filters on them) has none.
     from_account = models.ForeignKey(
         "ledger.Account",
         on_delete=models.PROTECT,
@@ -51,7 +53,10 @@ class Payment(models.Model):
         db_index=False,  # payments_by_account leads with it
     )
     to_account = models.ForeignKey(
-        "ledger.Account", on_delete=models.PROTECT, related_name="incoming_payments"
+        "ledger.Account",
+        on_delete=models.PROTECT,
+        related_name="incoming_payments",
+        db_index=False,  # no query filters on it (above)
     )
     # Denormalised so a client's listing is one index range (payments_by_owner)
     # instead of a join over every payment of every account it owns. Accounts
@@ -82,14 +87,23 @@ class Payment(models.Model):
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     attempts = models.PositiveIntegerField(default=0)
     hold = models.ForeignKey(
-        "ledger.Hold", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+        "ledger.Hold",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        db_index=False,  # no query filters on it (above)
     )
-    journal_entry = models.OneToOneField(
+    # One payment per entry (payments_one_per_entry, Meta): a partial unique
+    # index, so the rows without an entry yet — every PENDING and QUEUED one —
+    # write no entry into it when inserted or claimed.
+    journal_entry = models.ForeignKey(
         "ledger.JournalEntry",
         null=True,
         blank=True,
         on_delete=models.PROTECT,
         related_name="payment",
+        db_index=False,
     )
     error_code = models.CharField(max_length=64, blank=True)
     error_message = models.CharField(max_length=255, blank=True)
@@ -108,6 +122,11 @@ class Payment(models.Model):
 
     class Meta:
         constraints = [
+            models.UniqueConstraint(
+                fields=["journal_entry"],
+                condition=Q(journal_entry__isnull=False),
+                name="payments_one_per_entry",
+            ),
             models.CheckConstraint(condition=Q(amount__gt=0), name="payments_amount_positive"),
             models.CheckConstraint(
                 condition=~Q(from_account=F("to_account")), name="payments_distinct_accounts"
@@ -156,7 +175,14 @@ class Payment(models.Model):
             ),
             # ... filtered by account.
             models.Index(fields=["from_account", "-created_at", "-id"], name="payments_by_account"),
-            models.Index(fields=["status", "due_at"], name="payments_status_due"),
+            # By status (the dead letters, the open backlog by due time): every
+            # status but COMPLETED, which most rows are and no such query asks
+            # for, so a completion writes no entry into it.
+            models.Index(
+                fields=["status", "due_at"],
+                condition=~Q(status="COMPLETED"),
+                name="payments_unfinished_status_due",
+            ),
             models.Index(
                 fields=["recurring"],
                 condition=Q(recurring__isnull=False),
