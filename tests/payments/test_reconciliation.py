@@ -4,7 +4,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from ledger import services as ledger
@@ -61,6 +61,23 @@ def test_reconcile_orphan_check_uses_the_entry_index_with_stale_statistics(alice
     assert index_scan(plan, "payments_unfinished_status_due") is None, plan
     assert list(orphan_entries()) == []
     assert reconcile().ok
+
+
+def test_one_payment_per_entry_however_many_have_none(alice, monkeypatch):
+    """``payments_one_per_entry`` is a partial unique index (the rows with an
+    entry): the payments without one — every PENDING and QUEUED payment — are
+    not in it, so any number of them coexist, and a second payment pointing at
+    an entry that is already a payment's is refused as before."""
+    ids = schedule(alice, 4)
+    make_due(*ids[:2])
+    _, published = sweep(monkeypatch)
+    assert sorted(executor.execute_chunk(published.items()).completed) == sorted(ids[:2])
+    first, second, *waiting = ids
+    assert Payment.objects.filter(pk__in=waiting, journal_entry__isnull=True).count() == 2
+    entry = Payment.objects.get(pk=first).journal_entry_id
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Payment.objects.filter(pk=second).update(journal_entry_id=entry)
+    assert Payment.objects.get(pk=second).journal_entry_id != entry
 
 
 def test_reconcile_names_a_completed_payment_whose_entry_is_not_its_own(alice, monkeypatch):
