@@ -251,9 +251,10 @@ def run_scenario_subprocess(name: str, argv: list[str], out: Path) -> dict:
         proc.terminate()
         try:
             proc.wait(timeout=SCENARIO_STOP_SECONDS)
-        except subprocess.TimeoutExpired:
-            # Not stopped in time: killed (its service processes may outlive
-            # it), and the exception that stopped the run is the one raised.
+        except BaseException:
+            # Not stopped in time, or stopped again meanwhile (a second
+            # Ctrl-C): killed (its service processes may outlive it), and the
+            # exception that stopped the run first is the one raised.
             proc.kill()
             proc.wait()
         raise

@@ -176,8 +176,9 @@ class Payment(models.Model):
             # ... filtered by account.
             models.Index(fields=["from_account", "-created_at", "-id"], name="payments_by_account"),
             # By status (the dead letters, the open backlog by due time): every
-            # status but COMPLETED, which most rows are and no such query asks
-            # for, so a completion writes no entry into it.
+            # status but COMPLETED, which most rows are, so a completion writes
+            # no entry into it. The admin's list filtered to COMPLETED reads the
+            # table as its unfiltered list does (a sort of the rows it keeps).
             models.Index(
                 fields=["status", "due_at"],
                 condition=~Q(status="COMPLETED"),

@@ -4,6 +4,136 @@ import django.db.models.deletion
 from django.conf import settings
 from django.db import migrations, models
 
+# What Django generated: the model state, and the schema on SQLite.
+GENERIC = [
+    migrations.RemoveIndex(
+        model_name="payment",
+        name="payments_status_due",
+    ),
+    migrations.AlterField(
+        model_name="payment",
+        name="hold",
+        field=models.ForeignKey(
+            blank=True,
+            db_index=False,
+            null=True,
+            on_delete=django.db.models.deletion.PROTECT,
+            related_name="+",
+            to="ledger.hold",
+        ),
+    ),
+    migrations.AlterField(
+        model_name="payment",
+        name="journal_entry",
+        field=models.ForeignKey(
+            blank=True,
+            db_index=False,
+            null=True,
+            on_delete=django.db.models.deletion.PROTECT,
+            related_name="payment",
+            to="ledger.journalentry",
+        ),
+    ),
+    migrations.AlterField(
+        model_name="payment",
+        name="to_account",
+        field=models.ForeignKey(
+            db_index=False,
+            on_delete=django.db.models.deletion.PROTECT,
+            related_name="incoming_payments",
+            to="ledger.account",
+        ),
+    ),
+    migrations.AddIndex(
+        model_name="payment",
+        index=models.Index(
+            condition=models.Q(("status", "COMPLETED"), _negated=True),
+            fields=["status", "due_at"],
+            name="payments_unfinished_status_due",
+        ),
+    ),
+    migrations.AddConstraint(
+        model_name="payment",
+        constraint=models.UniqueConstraint(
+            condition=models.Q(("journal_entry__isnull", False)),
+            fields=("journal_entry",),
+            name="payments_one_per_entry",
+        ),
+    ),
+]
+
+
+# On PostgreSQL the same schema by a shorter way. Django's AlterField of a
+# foreign key drops and re-adds its constraint whenever anything about the
+# field changes (``db_index`` included), and re-adding it checks every row:
+# three scans of payments_payment against accounts, holds and entries, under
+# the ACCESS EXCLUSIVE lock of the migration's first DROP INDEX (reads blocked
+# too) until COMMIT. Here the two new indexes are built first (a SHARE lock:
+# writes wait, reads go on), then the old ones dropped, and the foreign-key
+# constraints are left alone (their names are Django's, unchanged).
+POSTGRESQL = [
+    'CREATE INDEX "payments_unfinished_status_due" ON "payments_payment" ("status", "due_at")'
+    " WHERE NOT (\"status\" = 'COMPLETED')",
+    'CREATE UNIQUE INDEX "payments_one_per_entry" ON "payments_payment" ("journal_entry_id")'
+    ' WHERE "journal_entry_id" IS NOT NULL',
+    'ALTER TABLE "payments_payment" DROP CONSTRAINT "payments_payment_journal_entry_id_key"',
+    'DROP INDEX "payments_payment_hold_id_e284f613"',
+    'DROP INDEX "payments_payment_to_account_id_0eca85ab"',
+    'DROP INDEX "payments_status_due"',
+]
+POSTGRESQL_REVERSE = [
+    'CREATE INDEX "payments_status_due" ON "payments_payment" ("status", "due_at")',
+    'CREATE INDEX "payments_payment_to_account_id_0eca85ab" ON "payments_payment" ("to_account_id")',
+    'CREATE INDEX "payments_payment_hold_id_e284f613" ON "payments_payment" ("hold_id")',
+    'ALTER TABLE "payments_payment" ADD CONSTRAINT "payments_payment_journal_entry_id_key"'
+    ' UNIQUE ("journal_entry_id")',
+    'DROP INDEX "payments_one_per_entry"',
+    'DROP INDEX "payments_unfinished_status_due"',
+]
+
+
+class OnPostgreSQL(migrations.operations.base.Operation):
+    """``sql`` on PostgreSQL, else Django's own ``operations`` (which rebuild
+    the table on SQLite anyway); the model state is the caller's."""
+
+    reversible = True
+
+    def __init__(self, sql, reverse_sql, operations):
+        self.sql, self.reverse_sql, self.operations = sql, reverse_sql, operations
+
+    def state_forwards(self, app_label, state):
+        pass
+
+    def _states(self, app_label, state):
+        states = [state]
+        for operation in self.operations:
+            state = state.clone()
+            operation.state_forwards(app_label, state)
+            states.append(state)
+        return states
+
+    def database_forwards(self, app_label, schema_editor, from_state, to_state):
+        if schema_editor.connection.vendor == "postgresql":
+            for statement in self.sql:
+                schema_editor.execute(statement)
+            return
+        states = self._states(app_label, from_state)
+        for i, operation in enumerate(self.operations):
+            operation.database_forwards(app_label, schema_editor, states[i], states[i + 1])
+
+    def database_backwards(self, app_label, schema_editor, from_state, to_state):
+        if schema_editor.connection.vendor == "postgresql":
+            for statement in self.reverse_sql:
+                schema_editor.execute(statement)
+            return
+        states = self._states(app_label, to_state)
+        for i in reversed(range(len(self.operations))):
+            operation = self.operations[i]
+            operation.database_backwards(app_label, schema_editor, states[i + 1], states[i])
+
+    def describe(self):
+        return "Fewer payment indexes (PostgreSQL: build, then drop; foreign keys kept)"
+
 
 class Migration(migrations.Migration):
     dependencies = [
@@ -13,58 +143,8 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.RemoveIndex(
-            model_name="payment",
-            name="payments_status_due",
-        ),
-        migrations.AlterField(
-            model_name="payment",
-            name="hold",
-            field=models.ForeignKey(
-                blank=True,
-                db_index=False,
-                null=True,
-                on_delete=django.db.models.deletion.PROTECT,
-                related_name="+",
-                to="ledger.hold",
-            ),
-        ),
-        migrations.AlterField(
-            model_name="payment",
-            name="journal_entry",
-            field=models.ForeignKey(
-                blank=True,
-                db_index=False,
-                null=True,
-                on_delete=django.db.models.deletion.PROTECT,
-                related_name="payment",
-                to="ledger.journalentry",
-            ),
-        ),
-        migrations.AlterField(
-            model_name="payment",
-            name="to_account",
-            field=models.ForeignKey(
-                db_index=False,
-                on_delete=django.db.models.deletion.PROTECT,
-                related_name="incoming_payments",
-                to="ledger.account",
-            ),
-        ),
-        migrations.AddIndex(
-            model_name="payment",
-            index=models.Index(
-                condition=models.Q(("status", "COMPLETED"), _negated=True),
-                fields=["status", "due_at"],
-                name="payments_unfinished_status_due",
-            ),
-        ),
-        migrations.AddConstraint(
-            model_name="payment",
-            constraint=models.UniqueConstraint(
-                condition=models.Q(("journal_entry__isnull", False)),
-                fields=("journal_entry",),
-                name="payments_one_per_entry",
-            ),
+        migrations.SeparateDatabaseAndState(
+            state_operations=GENERIC,
+            database_operations=[OnPostgreSQL(POSTGRESQL, POSTGRESQL_REVERSE, GENERIC)],
         ),
     ]

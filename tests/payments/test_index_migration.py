@@ -1,0 +1,62 @@
+"""Migration 0017 (fewer payment indexes), both ways, on the suite's database.
+
+On PostgreSQL it runs its own statements (build the new indexes, drop the old,
+leave the foreign keys alone) instead of Django's operations: the schema it
+leaves must be the one the model state describes, and undoing it must give
+0016's back.
+"""
+
+import pytest
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
+
+BEFORE = [("payments", "0016_fewer_index_writes")]
+OLD = {"payments_status_due", "payments_payment_hold_id_e284f613"}
+NEW = {"payments_one_per_entry", "payments_unfinished_status_due"}
+
+
+def migrate(targets):
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate(targets)
+
+
+def constraints() -> dict:
+    """Every index and constraint of payments_payment: name -> (columns, unique,
+    index, foreign key target)."""
+    with connection.cursor() as cursor:
+        found = connection.introspection.get_constraints(cursor, "payments_payment")
+    return {
+        name: (tuple(c["columns"]), c["unique"], c["index"], c["foreign_key"])
+        for name, c in found.items()
+    }
+
+
+def unique_on_entry(schema: dict) -> set:
+    return {
+        name
+        for name, (columns, unique, _, foreign_key) in schema.items()
+        if columns == ("journal_entry_id",) and unique and not foreign_key
+    }
+
+
+def foreign_keys(schema: dict) -> set:
+    return {(columns, foreign_key) for columns, _, _, foreign_key in schema.values() if foreign_key}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_0017_both_ways_gives_the_schema_of_each_side():
+    latest = MigrationExecutor(connection).loader.graph.leaf_nodes()
+    after = constraints()
+    assert set(after) >= NEW and not OLD & set(after)
+    try:
+        migrate(BEFORE)
+        before = constraints()
+        assert not NEW & set(before)
+        assert len(unique_on_entry(before)) == 1  # the OneToOne's full unique index
+        if connection.vendor == "postgresql":
+            assert set(before) >= OLD | {"payments_payment_to_account_id_0eca85ab"}
+        assert foreign_keys(before) == foreign_keys(after)  # untouched either way
+    finally:
+        migrate(latest)
+    assert constraints() == after
