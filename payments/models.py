@@ -102,7 +102,7 @@ class Payment(models.Model):
         null=True,
         blank=True,
         on_delete=models.PROTECT,
-        related_name="payment",
+        related_name="payments",  # a manager: at most one, by the constraint
         db_index=False,
     )
     error_code = models.CharField(max_length=64, blank=True)
