@@ -75,22 +75,27 @@ def test_a_stopped_run_stops_its_scenario_process_gently(
 ):
     """The run's SIGTERM reaches the scenario as a SIGTERM (not a SIGKILL), so
     the scenario stops the services it started."""
+    _stop_the_run_once_the_scenario_started(tmp_path, monkeypatch, FAKE_SCENARIO)
+    assert (tmp_path / "cleaned up").exists()
+
+
+def _stop_the_run_once_the_scenario_started(tmp_path, monkeypatch, scenario: str) -> None:
+    """Run ``scenario`` as the run's scenario process and, once it is under way,
+    send the run its own SIGTERM: the run stops as SIGTERM stops it."""
     script = tmp_path / "scenario.py"
-    script.write_text(FAKE_SCENARIO)
+    script.write_text(scenario)
     monkeypatch.setattr(bench_run, "__file__", str(script))
     monkeypatch.setenv("PYTHONPATH", str(bench_run.ROOT))
     bench_run.stop_on_sigterm()
-    # the run's own SIGTERM, once the scenario is under way
     sender = threading.Thread(
         target=lambda: (_wait_for(tmp_path / "started"), os.kill(os.getpid(), signal.SIGTERM)),
         daemon=True,
     )
     sender.start()
     with pytest.raises(SystemExit) as stopped:
-        bench_run.run_scenario_subprocess("fake", [str(tmp_path)], tmp_path)
+        bench_run.run_scenario_subprocess("scenario", [str(tmp_path)], tmp_path)
     sender.join(5)
     assert stopped.value.code == 128 + signal.SIGTERM
-    assert (tmp_path / "cleaned up").exists()
 
 
 # A scenario that does not stop when asked (its cleanup hangs, say).
@@ -110,20 +115,8 @@ STUBBORN_SCENARIO = textwrap.dedent(
 def test_a_scenario_that_does_not_stop_is_killed_and_the_stop_still_raised(
     tmp_path, monkeypatch, sigterm_handler_restored
 ):
-    script = tmp_path / "scenario.py"
-    script.write_text(STUBBORN_SCENARIO)
-    monkeypatch.setattr(bench_run, "__file__", str(script))
     monkeypatch.setattr(bench_run, "SCENARIO_STOP_SECONDS", 1)
-    bench_run.stop_on_sigterm()
-    sender = threading.Thread(
-        target=lambda: (_wait_for(tmp_path / "started"), os.kill(os.getpid(), signal.SIGTERM)),
-        daemon=True,
-    )
-    sender.start()
-    with pytest.raises(SystemExit) as stopped:
-        bench_run.run_scenario_subprocess("stubborn", [str(tmp_path)], tmp_path)
-    sender.join(5)
-    assert stopped.value.code == 128 + signal.SIGTERM
+    _stop_the_run_once_the_scenario_started(tmp_path, monkeypatch, STUBBORN_SCENARIO)
     pid = int((tmp_path / "started").read_text())
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # killed and reaped, not left running

@@ -1,9 +1,11 @@
-"""Helpers for engine tests: make payments due, claim them, capture published messages."""
+"""Helpers for engine tests: make payments due, claim them, capture published messages;
+and for migration tests: migrate the test database to a given state."""
 
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
+from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
 from ledger.services import LedgerBatch
@@ -121,3 +123,12 @@ def race_cancel(execute, payment_id, owner):
 
     errors = run_in_threads(lambda index: (execute, cancel)[index](), 2, timeout=30)
     return errors, (answer[0] if answer else None)
+
+
+def migrate(targets):
+    """Migrate the test database to ``targets`` (``[(app, migration name)]``);
+    the apps of that state, for building rows as they were then."""
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate(targets)
+    return executor.loader.project_state(targets).apps

@@ -10,15 +10,11 @@ import pytest
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
+from tests.payments.helpers import migrate
+
 BEFORE = [("payments", "0016_fewer_index_writes")]
 OLD = {"payments_status_due", "payments_payment_hold_id_e284f613"}
 NEW = {"payments_one_per_entry", "payments_unfinished_status_due"}
-
-
-def migrate(targets):
-    executor = MigrationExecutor(connection)
-    executor.loader.build_graph()
-    executor.migrate(targets)
 
 
 def constraints() -> dict:

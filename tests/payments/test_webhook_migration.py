@@ -6,16 +6,10 @@ from django.db.migrations.executor import MigrationExecutor
 
 from payments import webhook_secrets
 from payments.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from tests.payments.helpers import migrate
 
 BEFORE = [("payments", "0009_timer_queue")]
 PLAINTEXT = "whsec_stored-in-clear-by-the-old-code"
-
-
-def migrate(targets):
-    executor = MigrationExecutor(connection)
-    executor.loader.build_graph()
-    executor.migrate(targets)
-    return executor.loader.project_state(targets).apps
 
 
 def raw_endpoints():
