@@ -158,6 +158,27 @@ def multiprocess_histogram(path: str, name: str) -> dict[float, float] | None:
     return buckets or None
 
 
+def multiprocess_histogram_totals(path: str, name: str) -> tuple[float, float] | None:
+    """(count, sum) of the histogram ``name`` over every process that wrote to the
+    multiprocess directory ``path``; None when no process has exported it."""
+    from prometheus_client import CollectorRegistry, multiprocess
+
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=path)
+    count = total = 0.0
+    found = False
+    for family in registry.collect():
+        if family.name != name:
+            continue
+        for sample in family.samples:
+            if sample.name == f"{name}_count":
+                count += sample.value
+                found = True
+            elif sample.name == f"{name}_sum":
+                total += sample.value
+    return (count, total) if found else None
+
+
 def histogram_quantile_bound(
     before: dict[float, float] | None, after: dict[float, float] | None, q: float
 ) -> dict | None:

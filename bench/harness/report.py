@@ -256,6 +256,16 @@ def _host_busy(cpu: dict) -> str:
     )
 
 
+def _batches(step: dict) -> str:
+    batches = step.get("batches")
+    if not batches:
+        return "-"
+    return (
+        f"{batches['count']:,} ({fmt(batches['payments_per_batch'])}, "
+        f"{fmt(batches['worker_ms_per_batch'])})"
+    )
+
+
 def _sweep_bound(step: dict) -> str:
     sweeps = step.get("sweep_interval")
     if not sweeps:
@@ -294,12 +304,13 @@ def capacity_markdown(cap: dict) -> list[str]:
         "| due rate (/s) | payments | lateness p50 / p95 / p99 (s) | SLO | schedule p95 (ms) "
         "| status p95 (ms) | worker ms/payment | PostgreSQL ms/payment | executed (API's) "
         "| open at window end / at timeout | sweep interval p99 "
+        "| batches (payments each, worker ms each) "
         "| host CPU busy (web, load client, other, s) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for step in cap["ours"]:
         if step.get("skipped"):
-            lines.append(f"| {fmt(step['rate_per_second'])} | skipped |" + " |" * 10)
+            lines.append(f"| {fmt(step['rate_per_second'])} | skipped |" + " |" * 11)
             continue
         lat, cpu = step["lateness_seconds"], step["cpu"]
         lines.append(
@@ -310,7 +321,7 @@ def capacity_markdown(cap: dict) -> list[str]:
             f"| {fmt(cpu['worker_ms_per_payment'])} | {fmt(cpu['postgres_ms_per_payment'])} "
             f"| {step['executed']:,} ({step['executed_api']:,}) "
             f"| {step['open_at_window_end']:,} / {step['still_open_at_timeout']:,} "
-            f"| {_sweep_bound(step)} | {_host_busy(cpu)} |"
+            f"| {_sweep_bound(step)} | {_batches(step)} | {_host_busy(cpu)} |"
         )
     lines += [
         "",

@@ -34,7 +34,10 @@ the sweep interval p99: the upper bound of the
 bucket of the service's ``payments_sweep_interval_seconds`` histogram holding
 the 99th percentile of the step's observations ("≤ X s"), read from the
 multiprocess directory at T0 and at the step's end; null when the service
-does not export it.
+does not export it; and the executor's batches in the window (from
+``payments_executor_batch_size``: how many transactions ran payments, their
+mean size, and the worker CPU per batch — what separates a step's cost per
+payment from the drain's).
 
 Capacity at SLO: the highest step with p99 ≤ 1 s and p50 ≤ 250 ms; after
 two failing steps the higher ones are skipped (ours and the peer's apart).
@@ -61,6 +64,7 @@ from bench.harness.metrics import (
     host_busy_seconds,
     ms_each,
     multiprocess_histogram,
+    multiprocess_histogram_totals,
     own_cpu_seconds,
     percentile,
     postgres_cpu,
@@ -86,6 +90,7 @@ SWEEP_INTERVAL_METRIC = "payments_sweep_interval_seconds"
 # Exported since before this scenario: its count says the metrics directory works
 # even while the interval histogram is not there.
 SWEEP_DURATION_METRIC = "payments_sweep_duration_seconds"
+BATCH_SIZE_METRIC = "payments_executor_batch_size"
 AMOUNT = 2
 ACCOUNTS = 500  # sources and as many targets (steady's shape)
 WARM_UP = 1.2  # run_load sends 1 s of warm-up schedules, then starts 0.2 s later
@@ -290,6 +295,7 @@ def our_step(ctx: Ours, index: int, rate: float) -> dict:
     cpu0 = cpu_mark(ctx)
     sweeps0 = multiprocess_histogram(ctx.metrics_dir, SWEEP_INTERVAL_METRIC)
     runs0 = multiprocess_histogram(ctx.metrics_dir, SWEEP_DURATION_METRIC)
+    batches0 = multiprocess_histogram_totals(ctx.metrics_dir, BATCH_SIZE_METRIC)
     if with_api:
         loader.join()
     sleep_until(t0_mono + seconds)
@@ -297,6 +303,7 @@ def our_step(ctx: Ours, index: int, rate: float) -> dict:
     # to 30 s past it) trickle out at a falling rate, which is not this step's.
     window_end = db_now()
     cpu_window = cpu_since(ctx, cpu0)
+    batches1 = multiprocess_histogram_totals(ctx.metrics_dir, BATCH_SIZE_METRIC)
     mine = Payment.objects.filter(from_account__in=ctx.sources, due_at__gte=t0)
     open_at_window_end = mine.filter(status__in=OPEN_STATUSES).count()
     dead_rows = payment_dead_rows()
@@ -355,10 +362,30 @@ def our_step(ctx: Ours, index: int, rate: float) -> dict:
         "sweep_interval": sweeps,
         "sweep_interval_p99_le_seconds": sweeps["le_seconds"] if sweeps else None,
         "sweeps_in_window": runs["observations"] if runs else None,
+        "batches": batch_report(batches0, batches1, cpu_window.worker),
         "lateness_per_second": [
             (sec, percentile(sorted(v), 50), percentile(sorted(v), 99))
             for sec, v in sorted(per_second.items())
         ],
+    }
+
+
+def batch_report(
+    before: tuple[float, float] | None, after: tuple[float, float] | None, worker_cpu: float
+) -> dict | None:
+    """The executor's batches in the window (``payments_executor_batch_size``: one
+    observation per transaction that ran payments, its size): how many, their
+    mean size, and the worker CPU per batch — a step's worker CPU per payment is
+    about (cost per batch) / (payments per batch) + cost per payment, so this
+    says which of the two moved. None when the service does not export it."""
+    if after is None:
+        return None
+    count = after[0] - (before[0] if before else 0.0)
+    total = after[1] - (before[1] if before else 0.0)
+    return {
+        "count": int(count),
+        "payments_per_batch": round(total / count, 1) if count else None,
+        "worker_ms_per_batch": ms_each(worker_cpu, count),
     }
 
 

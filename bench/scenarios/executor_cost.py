@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/executor_cost.py [--payments 1000] [--sizes 200,100,20,1]
                                             [--endpoints 10] [--profile 100] [--top 30]
-                                            [--collapse] [--pairs 1]
+                                            [--collapse] [--pairs 1] [--dump FILE]
 
 Recreates ``scheduler_bench_execcost`` and sets up the noisy-neighbours minute
 in miniature: 10 clients with two funded accounts each; 5 of them have
@@ -25,7 +25,9 @@ does: the first chunk of a partition collapses the partition's due backlog
 into its batch and the later ones find their payments done, as when a worker
 is behind its queue (stale deliveries and collapsed payments are counted).
 ``--profile SIZE`` runs cProfile
-over the chunks of that size and prints the top functions by cumulative CPU.
+over the chunks of that size and prints the top functions by cumulative CPU
+(``--dump FILE`` also writes its pstats file, to compare two sizes function
+by function).
 Writes ``bench/results/<date>-executor-cost/report.json``.
 """
 
@@ -153,6 +155,7 @@ def main() -> int:
     parser.add_argument("--sizes", default="200,100,20,1")
     parser.add_argument("--endpoints", type=int, default=10)
     parser.add_argument("--profile", type=int, help="chunk size to profile")
+    parser.add_argument("--dump", help="also write the profile's pstats file here")
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument(
         "--collapse",
@@ -196,6 +199,8 @@ def main() -> int:
         if profiler:
             out = io.StringIO()
             pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(args.top)
+            if args.dump:
+                profiler.dump_stats(args.dump)
             profile_text = out.getvalue()
     if profile_text:
         print(profile_text)
