@@ -154,9 +154,11 @@ def run_load(
     return {"schedule": report(sched_results, 201), "status": report(status_results, 200)}
 
 
-def start_web(service: Service, port: int = PORT, nice: int = 0) -> tuple[str, int]:
-    """gunicorn (2 workers x 4 threads, CPU weight ``nice``: ``Service.start``) on
-    ``port``, once it answers ``/healthz``."""
-    service.gunicorn(port, nice=nice)
+def start_web(
+    service: Service, port: int = PORT, nice: int = 0, app: str = "scheduler_project.wsgi"
+) -> tuple[str, int]:
+    """gunicorn (2 workers x 4 threads, CPU weight ``nice``: ``Service.start``) serving
+    ``app`` on ``port``, once it answers ``/healthz``."""
+    service.gunicorn(port, nice=nice, app=app)
     wait_http(f"http://127.0.0.1:{port}/healthz")
     return "127.0.0.1", port

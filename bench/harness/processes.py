@@ -179,12 +179,13 @@ class Service:
             str(LOG_DIR / f"{self.name}-{role}-schedule"),
         )
 
-    def gunicorn(self, port: int, nice: int = 0):
+    def gunicorn(self, port: int, nice: int = 0, app: str = "scheduler_project.wsgi"):
         """gunicorn as shipped: gunicorn.conf.py (2 workers x 4 threads; WEB_CONCURRENCY,
-        WEB_THREADS in the environment change it) at CPU weight ``nice`` (``weigh``)."""
+        WEB_THREADS in the environment change it) at CPU weight ``nice`` (``weigh``),
+        serving ``app`` (the service unless told otherwise)."""
         return self.start(
             "web",
-            [sys.executable, "-m", "gunicorn", "scheduler_project.wsgi", "-b", f"127.0.0.1:{port}"],
+            [sys.executable, "-m", "gunicorn", app, "-b", f"127.0.0.1:{port}"],
             nice=nice,
             WEB_NICE="0",  # the weight is the session's (weigh), not a nice within it
         )

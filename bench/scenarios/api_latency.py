@@ -1,6 +1,7 @@
 """API latency: schedule and status p50/p95/p99 at a fixed request rate.
 
     .venv/bin/python bench/api_latency.py [--rate 50] [--status-rate 100] [--duration 30]
+                                          [--no-executions] [--bare]
 
 Recreates the database ``scheduler_bench_api``, creates a client with
 ``create_api_client --json``, starts gunicorn (2 workers x 4 threads, the
@@ -15,7 +16,13 @@ gunicorn runs with ``PROMETHEUS_MULTIPROC_DIR`` set, as docker-compose runs it,
 and after a 5 s warm-up at the same rates the report gives the CPU seconds
 gunicorn (every worker) and PostgreSQL took over the measured window and the
 web CPU per request: the quick A/B for the web tier's cost (``--no-executions``
-leaves PostgreSQL's share to the API alone).
+leaves PostgreSQL's share to the API alone). ``--bare`` serves
+``bench.harness.bare_wsgi`` instead of the service — a WSGI application that
+does nothing — with the same gunicorn settings and load, no worker and no
+beat: its web CPU per request is gunicorn's own (HTTP parsing, the thread
+pool, the access log, sockets), the part of the service's that no change to
+the application removes (``bench/api_cost.py --served`` gives the
+application's part, in-process).
 Writes ``bench/results/<date>-api/api-<timestamp>.json``.
 
 The load generator (``bench.harness.api_load.run_load``) is also what the
@@ -39,6 +46,7 @@ from bench.harness.processes import Service
 from bench.harness.report import write_report
 
 DATABASE = "scheduler_bench_api"
+BARE_APP = "bench.harness.bare_wsgi"
 REDIS_DB = 5
 
 
@@ -48,10 +56,17 @@ def main() -> int:
     parser.add_argument("--status-rate", type=float, default=100, help="status requests/s")
     parser.add_argument("--duration", type=float, default=30)
     parser.add_argument("--no-executions", action="store_true", help="no worker or beat")
+    parser.add_argument(
+        "--bare", action="store_true", help="serve a WSGI app that does nothing (gunicorn's cost)"
+    )
     args = parser.parse_args()
+    executions = not (args.no_executions or args.bare)
 
     env = prepare(DATABASE, REDIS_DB)
-    client = create_client("bench", accounts=20, balance=10**12)
+    if args.bare:  # nothing reads the token or the accounts; the bodies keep their shape
+        client = {"token": "bare", "account_ids": [1, 2]}
+    else:
+        client = create_client("bench", accounts=20, balance=10**12)
     metrics_dir = tempfile.mkdtemp(prefix="bench-api-metrics-")
     load = {
         "token": client["token"],
@@ -61,8 +76,8 @@ def main() -> int:
     }
     try:
         with Service({**env, "PROMETHEUS_MULTIPROC_DIR": metrics_dir}, "api") as service:
-            base = start_web(service)
-            if not args.no_executions:
+            base = start_web(service, app=BARE_APP if args.bare else "scheduler_project.wsgi")
+            if executions:
                 service.beat()
                 service.timers()
                 service.worker(2)
@@ -89,7 +104,8 @@ def main() -> int:
         "benchmark": "api",
         "date": datetime.now(UTC).isoformat(),
         "duration_seconds": args.duration,
-        "executions_running": not args.no_executions,
+        "executions_running": executions,
+        "app": BARE_APP if args.bare else "scheduler_project.wsgi",
         "payments_completed_during_run": Payment.objects.filter(status="COMPLETED").count(),
         "gunicorn": (
             f"{os.environ.get('WEB_CONCURRENCY', '2')} workers x "
