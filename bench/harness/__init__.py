@@ -9,7 +9,8 @@
 - ``metrics``    process-tree CPU and RSS, PostgreSQL backend CPU, percentiles;
 - ``checks``     exactly-once counts against the ledger;
 - ``report``     ``bench/results/<date>-<name>/`` and Markdown; ``charts`` its PNGs;
-- ``app``        every name bench takes from the service's apps, in one place.
+- ``app``        every name bench takes from the service's apps, in one place;
+- ``bare_wsgi``  a WSGI app that does nothing (``api_latency --bare``: gunicorn's own cost).
 
 Nothing here imports Django or the apps at import time: ``app`` is imported
 inside functions, after ``db.prepare`` has set Django up.

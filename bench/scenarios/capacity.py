@@ -375,9 +375,11 @@ def batch_report(
 ) -> dict | None:
     """The executor's batches in the window (``payments_executor_batch_size``: one
     observation per transaction that ran payments, its size): how many, their
-    mean size, and the worker CPU per batch — a step's worker CPU per payment is
-    about (cost per batch) / (payments per batch) + cost per payment, so this
-    says which of the two moved. None when the service does not export it."""
+    mean size, and the window's worker CPU over their number — a step's worker
+    CPU per payment is about (cost per batch) / (payments per batch) + cost per
+    payment, so this says which of the two moved. A message that ran nothing
+    (its payments stale, or collapsed into an earlier batch) is not counted, but
+    its CPU is in the worker's. None when the service does not export it."""
     if after is None:
         return None
     count = after[0] - (before[0] if before else 0.0)
@@ -609,5 +611,9 @@ def run(args) -> dict:
             "sweep interval p99: upper bound of the histogram bucket holding the step's "
             "99th percentile (≤ X s); null when the service does not export "
             f"{SWEEP_INTERVAL_METRIC}",
+            "batches: the transactions in the window that ran payments "
+            f"({BATCH_SIZE_METRIC}), their mean size, and the window's worker CPU over "
+            "their number — a message that found its payments already run (stale, or "
+            "collapsed into an earlier batch) is not a batch, but its CPU is in the total",
         ],
     }

@@ -173,6 +173,9 @@ def main() -> int:
     )
     parser.add_argument("--name", default="executor-cost")
     args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    if args.dump and args.profile not in sizes:
+        parser.error("--dump writes the profile of --profile SIZE, one of --sizes")
 
     prepare(DATABASE, REDIS_DB, LOG_LEVEL="WARNING")
     clients = setup_clients(args.endpoints, args.pairs)
@@ -185,7 +188,7 @@ def main() -> int:
         "runs": [],
     }
     profile_text = ""
-    for size in [int(s) for s in args.sizes.split(",")]:
+    for size in sizes:
         profiler = cProfile.Profile(time.process_time) if size == args.profile else None
         row = run_size(clients, args.payments, size, profiler, collapse=args.collapse)
         report["runs"].append(row)

@@ -3,51 +3,68 @@ step's window, their mean size, and the worker CPU each.
 
 A step's worker CPU per payment is about (cost per batch) / (payments per
 batch) + (cost per payment); this column is what tells the two apart when a
-step costs more per payment than the drain. It is read from the service's own
-``payments_executor_batch_size`` histogram in the Prometheus multiprocess
-directory, written here by real processes as the workers write it.
+step costs more per payment than the drain. It is read from the Prometheus
+multiprocess directory, written here by the service's own ``record_chunk`` in
+processes of their own, as the payment workers write it: a renamed metric or a
+``record_chunk`` that stopped observing fails here, not as a silent "-" in the
+next report.
 """
 
 from __future__ import annotations
 
+import copy
+import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 from bench.harness.metrics import multiprocess_histogram_totals
-from bench.harness.report import _batches
+from bench.harness.report import capacity_markdown
 from bench.scenarios.capacity import BATCH_SIZE_METRIC, batch_report
 
-OBSERVE = """
+ROOT = Path(__file__).resolve().parents[2]
+# a capacity run's report (two steps, with the batch column) to render
+REPORT = ROOT / "bench/results/2026-11-28-s30-batches/report.json"
+
+RECORD = """
 import sys
-from prometheus_client import Histogram
-h = Histogram(sys.argv[1], "test", buckets=(1, 10, 100))
-for size in map(int, sys.argv[2:]):
-    h.observe(size)
+from types import SimpleNamespace
+from payments.metrics import record_chunk
+for size in map(int, sys.argv[1:]):
+    record_chunk(SimpleNamespace(
+        completed=["p"] * size, failed=[], failure_codes=[], lateness_seconds=[],
+        stale=["s"], collapsed=[], partitions_not_collapsed=0,
+    ))
 """
 
 
-def observe(tmp_path, *sizes: int) -> None:
-    """One process (its own multiprocess file) observing ``sizes``."""
+def record(tmp_path, *sizes: int) -> None:
+    """One worker-like process recording chunks of ``sizes`` payments (0: a
+    message whose payments were all stale)."""
     subprocess.run(
-        [sys.executable, "-c", OBSERVE, BATCH_SIZE_METRIC, *map(str, sizes)],
-        env={"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)},
+        [sys.executable, "-c", RECORD, *map(str, sizes)],
+        env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)},
+        cwd=ROOT,
         check=True,
     )
 
 
-def test_totals_add_up_every_process_s_observations(tmp_path):
+def test_totals_add_up_every_worker_s_batches_and_skip_empty_messages(tmp_path):
     assert multiprocess_histogram_totals(str(tmp_path), BATCH_SIZE_METRIC) is None
-    observe(tmp_path, 40, 45)
+    record(tmp_path, 40, 45)
     assert multiprocess_histogram_totals(str(tmp_path), BATCH_SIZE_METRIC) == (2, 85)
-    observe(tmp_path, 200)
+    record(tmp_path, 200, 0)
     assert multiprocess_histogram_totals(str(tmp_path), BATCH_SIZE_METRIC) == (3, 285)
     assert multiprocess_histogram_totals(str(tmp_path), "payments_other_histogram") is None
 
 
 def test_a_window_s_batches_are_the_difference_between_its_ends():
-    report = batch_report((10, 400), (30, 1300), worker_cpu=0.9)
-    assert report == {"count": 20, "payments_per_batch": 45.0, "worker_ms_per_batch": 45.0}
-    assert _batches({"batches": report}) == "20 (45, 45)"
+    assert batch_report((10, 400), (30, 1300), worker_cpu=0.9) == {
+        "count": 20,
+        "payments_per_batch": 45.0,
+        "worker_ms_per_batch": 45.0,
+    }
 
 
 def test_before_the_first_batch_and_without_batches():
@@ -62,4 +79,28 @@ def test_before_the_first_batch_and_without_batches():
         "worker_ms_per_batch": None,
     }
     assert batch_report((4, 100), None, worker_cpu=0.2) is None
-    assert _batches({"batches": None}) == "-"
+
+
+def cells(row: str) -> list[str]:
+    return [cell.strip() for cell in row.strip().strip("|").split("|")]
+
+
+def test_every_row_of_the_table_has_the_header_s_columns():
+    """A run's steps, a skipped step, and a step from a report older than the column."""
+    cap = json.loads(REPORT.read_text())["results"]["capacity"]
+    run, _ = cap["ours"]
+    old = copy.deepcopy(run)
+    del old["batches"]
+    cap["ours"] += [{"rate_per_second": 3000, "skipped": True}, old]
+    lines = capacity_markdown(cap)
+    header = lines.index(next(line for line in lines if line.startswith("| due rate")))
+    table = lines[header : lines.index("", header)]
+    width = len(cells(table[0]))
+    assert [len(cells(row)) for row in table] == [width] * 6
+    column = cells(table[0]).index("batches (payments each, worker ms each)")
+    assert [cells(row)[column] for row in table[2:]] == [
+        "400 (43.1, 15.675)",
+        "1,421 (172, 39.697)",
+        "",
+        "-",
+    ]
