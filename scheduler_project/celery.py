@@ -5,9 +5,10 @@ import os
 import select
 import warnings
 
-from celery import Celery
+from celery import Celery, platforms
 from celery.exceptions import SecurityWarning
 from celery.signals import (
+    beat_init,
     celeryd_init,
     task_postrun,
     task_prerun,
@@ -25,6 +26,28 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "scheduler_project.settings.base
 app = Celery("scheduler_project")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@beat_init.connect
+def _stop_beat_between_ticks(sender=None, **kwargs):
+    """Beat's SIGTERM/SIGINT handler: stop, and let beat save its schedule on the way out.
+
+    Celery's own handler saves the schedule inside the signal handler
+    (``service.sync()``), which for django-celery-beat's DatabaseScheduler
+    starts with ``close_old_connections()`` — closing the database connection
+    under the query the signal interrupted. The interrupted query then fails
+    on a closed connection instead of unwinding, and beat logs CRITICAL with a
+    traceback on every such stop (seen on SQLite, ``scripts/dev`` stopped
+    mid-tick; the same class as celery/celery#4771). ``beat.Service.start``
+    already saves the schedule in its ``finally`` once the exit has unwound
+    the query, so the handler only has to raise. Installed by ``beat_init``,
+    which ``Service.start`` sends after Celery installed its own handler.
+    """
+
+    def stop(signum, frame):
+        raise SystemExit()
+
+    platforms.signals.update(SIGTERM=stop, SIGINT=stop)
 
 
 @worker_process_init.connect

@@ -77,3 +77,48 @@ def test_a_connection_inside_a_transaction_is_not_called_quiet():
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")  # the test's transaction has begun
     assert socket_is_quiet(connection.connection) is False
+
+
+@pytest.fixture
+def beat_signal_handlers():
+    import signal
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGINT"])
+def test_beat_stopped_mid_tick_does_not_save_its_schedule_inside_the_signal_handler(
+    beat_signal_handlers, name
+):
+    """Celery's handler saved the schedule inside the handler, and the
+    DatabaseScheduler's save closed the connection under the query the signal
+    had interrupted: beat logged CRITICAL with a traceback when stopped
+    mid-tick (``tests/ops/test_dev_script.py``, once in a while). Once beat
+    has started (``beat_init``) a stop only raises ``SystemExit``: the query
+    unwinds with its connection open and ``beat.Service.start`` saves the
+    schedule in its ``finally``."""
+    import signal
+
+    from celery import platforms
+    from celery.apps.beat import Beat
+    from celery.signals import beat_init
+
+    import scheduler_project.celery  # noqa: F401 - the handlers connect on import
+
+    class Service:
+        synced = 0
+
+        def sync(self):
+            self.synced += 1
+
+    service = Service()
+    Beat.install_sync_handler(None, service)  # what celery beat installs first
+    beat_init.send(sender=service)  # then Service.start sends this
+    handler = signal.getsignal(getattr(signal, name))
+    with pytest.raises(SystemExit):
+        handler(getattr(signal, name), None)
+    assert service.synced == 0
+    assert platforms.signals[name] is handler
