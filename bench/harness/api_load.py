@@ -16,7 +16,7 @@ import time
 from contextlib import redirect_stdout
 
 from bench.harness.metrics import summarize
-from bench.harness.processes import Service, wait_http
+from bench.harness.processes import SERVICE_WSGI, Service, wait_http
 
 PORT = 8765
 
@@ -155,7 +155,7 @@ def run_load(
 
 
 def start_web(
-    service: Service, port: int = PORT, nice: int = 0, app: str = "scheduler_project.wsgi"
+    service: Service, port: int = PORT, nice: int = 0, app: str = SERVICE_WSGI
 ) -> tuple[str, int]:
     """gunicorn (2 workers x 4 threads, CPU weight ``nice``: ``Service.start``) serving
     ``app`` on ``port``, once it answers ``/healthz``."""

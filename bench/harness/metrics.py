@@ -138,44 +138,39 @@ def postgres_cpu_since(before: PostgresCpu) -> float:
 
 
 # ---------------------------------------------------------------- Prometheus
-def multiprocess_histogram(path: str, name: str) -> dict[float, float] | None:
-    """Cumulative bucket counts ``{upper bound: count}`` (``inf`` for ``+Inf``) of the
-    histogram ``name`` summed over every process that wrote to the multiprocess
-    directory ``path`` (the service's ``PROMETHEUS_MULTIPROC_DIR``); None when no
-    process has exported it."""
+def _histogram_samples(path: str, name: str) -> list:
+    """The samples of the histogram ``name`` summed over every process that wrote
+    to the multiprocess directory ``path`` (the service's
+    ``PROMETHEUS_MULTIPROC_DIR``); empty when no process has exported it."""
     from prometheus_client import CollectorRegistry, multiprocess
 
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry, path=path)
+    return [s for family in registry.collect() if family.name == name for s in family.samples]
+
+
+def multiprocess_histogram(path: str, name: str) -> dict[float, float] | None:
+    """Cumulative bucket counts ``{upper bound: count}`` (``inf`` for ``+Inf``) of the
+    histogram ``name`` (``_histogram_samples``); None when no process has exported it."""
     buckets: dict[float, float] = {}
-    for family in registry.collect():
-        if family.name != name:
-            continue
-        for sample in family.samples:
-            if sample.name == f"{name}_bucket":
-                le = float(sample.labels["le"])
-                buckets[le] = buckets.get(le, 0.0) + sample.value
+    for sample in _histogram_samples(path, name):
+        if sample.name == f"{name}_bucket":
+            le = float(sample.labels["le"])
+            buckets[le] = buckets.get(le, 0.0) + sample.value
     return buckets or None
 
 
 def multiprocess_histogram_totals(path: str, name: str) -> tuple[float, float] | None:
-    """(count, sum) of the histogram ``name`` over every process that wrote to the
-    multiprocess directory ``path``; None when no process has exported it."""
-    from prometheus_client import CollectorRegistry, multiprocess
-
-    registry = CollectorRegistry()
-    multiprocess.MultiProcessCollector(registry, path=path)
+    """(count, sum) of the histogram ``name`` (``_histogram_samples``); None when no
+    process has exported it."""
     count = total = 0.0
     found = False
-    for family in registry.collect():
-        if family.name != name:
-            continue
-        for sample in family.samples:
-            if sample.name == f"{name}_count":
-                count += sample.value
-                found = True
-            elif sample.name == f"{name}_sum":
-                total += sample.value
+    for sample in _histogram_samples(path, name):
+        if sample.name == f"{name}_count":
+            count += sample.value
+            found = True
+        elif sample.name == f"{name}_sum":
+            total += sample.value
     return (count, total) if found else None
 
 

@@ -20,6 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PG_SERVER = os.environ.get("BENCH_PG_SERVER", "postgres://postgres@127.0.0.1:5432")
 REDIS_SERVER = os.environ.get("BENCH_REDIS_SERVER", "redis://127.0.0.1:6379")
+# The service's WSGI application, what gunicorn serves unless a scenario says otherwise.
+SERVICE_WSGI = "scheduler_project.wsgi"
 LOG_DIR = ROOT / "var" / "bench-logs"
 # What payment workers leave to the other workers (Procfile: worker -X …).
 NON_PAYMENT_QUEUES = "timers,recurring,webhooks,default"
@@ -179,7 +181,7 @@ class Service:
             str(LOG_DIR / f"{self.name}-{role}-schedule"),
         )
 
-    def gunicorn(self, port: int, nice: int = 0, app: str = "scheduler_project.wsgi"):
+    def gunicorn(self, port: int, nice: int = 0, app: str = SERVICE_WSGI):
         """gunicorn as shipped: gunicorn.conf.py (2 workers x 4 threads; WEB_CONCURRENCY,
         WEB_THREADS in the environment change it) at CPU weight ``nice`` (``weigh``),
         serving ``app`` (the service unless told otherwise)."""

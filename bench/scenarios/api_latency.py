@@ -42,7 +42,7 @@ from datetime import UTC, datetime
 from bench.harness.api_load import create_client, run_load, start_web
 from bench.harness.db import prepare
 from bench.harness.metrics import ms_each, postgres_cpu, postgres_cpu_since, tree_cpu_seconds
-from bench.harness.processes import Service
+from bench.harness.processes import SERVICE_WSGI, Service
 from bench.harness.report import write_report
 
 DATABASE = "scheduler_bench_api"
@@ -61,6 +61,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     executions = not (args.no_executions or args.bare)
+    app = BARE_APP if args.bare else SERVICE_WSGI
 
     env = prepare(DATABASE, REDIS_DB)
     if args.bare:  # nothing reads the token or the accounts; the bodies keep their shape
@@ -76,7 +77,7 @@ def main() -> int:
     }
     try:
         with Service({**env, "PROMETHEUS_MULTIPROC_DIR": metrics_dir}, "api") as service:
-            base = start_web(service, app=BARE_APP if args.bare else "scheduler_project.wsgi")
+            base = start_web(service, app=app)
             if executions:
                 service.beat()
                 service.timers()
@@ -105,7 +106,7 @@ def main() -> int:
         "date": datetime.now(UTC).isoformat(),
         "duration_seconds": args.duration,
         "executions_running": executions,
-        "app": BARE_APP if args.bare else "scheduler_project.wsgi",
+        "app": app,
         "payments_completed_during_run": Payment.objects.filter(status="COMPLETED").count(),
         "gunicorn": (
             f"{os.environ.get('WEB_CONCURRENCY', '2')} workers x "
