@@ -69,6 +69,7 @@ from bench.harness.report import (
     machine,
     results_dir,
     suite_markdown,
+    wake_charge_us,
 )
 from bench.scenarios import capacity, drain, peers, pglimit, scale, steady
 
@@ -365,11 +366,13 @@ def main() -> int:
     selected = [s.strip() for s in args.only.split(",") if s.strip()]
     revision = git_revision()  # now: the code the scenarios start with
     probes = {"before": cpu_probe_ms()}
+    wakes = {"before": wake_charge_us()}
     results = {}
     with server_settings(autovacuum=args.autovacuum, max_wal_size=args.max_wal_size):
         for name in selected:
             results[name] = run_scenario_subprocess(name, child_argv, out)
             probes[f"after {name}"] = cpu_probe_ms()
+            wakes[f"after {name}"] = wake_charge_us()
         host = machine()  # with the settings the scenarios ran with
     report = {
         "name": args.name,
@@ -377,6 +380,7 @@ def main() -> int:
         "command": "bench/run.py " + " ".join(sys.argv[1:]),
         "git": revision,
         "cpu_probe_ms": probes,
+        "wake_charge_us": wakes,
         "machine": host,
         # service settings differing from the defaults in settings/base.py
         "env_overrides": {

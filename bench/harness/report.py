@@ -67,6 +67,23 @@ def cpu_probe_ms() -> float:
     return round(best * 1000, 1)
 
 
+def wake_charge_us(sleep: float = 0.3, tries: int = 5) -> float:
+    """CPU microseconds this thread is charged for sleeping ``sleep`` seconds and
+    waking once, the median of ``tries``: the OS's accounting of a wake, which
+    a process at a low rate pays on every message and an idle one on every
+    timer. On bare metal a few µs; on the benchmark's VMs (Firecracker, tick
+    accounting at 250 Hz) 0.7 to 2.9 ms, more than some wakes' own work (README,
+    session 31). The 100/s step's worker CPU carries it; the drain's, whose
+    processes seldom sleep, hardly does — so a run records it beside the
+    speed probe."""
+    charged = []
+    for _ in range(tries):
+        started = time.thread_time()
+        time.sleep(sleep)
+        charged.append(time.thread_time() - started)
+    return round(sorted(charged)[tries // 2] * 1e6, 1)
+
+
 def machine() -> dict:
     import psutil
     import psycopg
@@ -128,6 +145,13 @@ def suite_markdown(report: dict) -> str:
         "`cpu_probe_ms`): "
         + (
             ", ".join(f"{k} {v}" for k, v in report.get("cpu_probe_ms", {}).items())
+            or "not recorded"
+        ),
+        "",
+        "CPU charged for one 0.3 s sleep and wake (`wake_charge_us`, µs; a few on bare "
+        "metal): "
+        + (
+            ", ".join(f"{k} {v}" for k, v in report.get("wake_charge_us", {}).items())
             or "not recorded"
         ),
         "",

@@ -27,7 +27,7 @@ def watchdog():
     made = []
 
     def make(soft, hard=None, **kwargs):
-        dog = TaskWatchdog(soft, hard, tick=0.05, **kwargs)
+        dog = TaskWatchdog(soft, hard, **kwargs)
         made.append(dog)
         return dog
 
@@ -293,6 +293,52 @@ def test_each_limit_acts_when_it_is_reached_not_after(watchdog, monkeypatch, clo
     assert (sent, exits) == ([signal.SIGALRM], [])
     dog.check(clock + 120)
     assert exits == [1]
+
+
+def test_the_thread_sleeps_until_the_next_limit_and_never_past_the_shorter_one(watchdog, clock):
+    """No tick: idle, the thread sleeps the shorter limit (a task starting during
+    the sleep reaches its own limit after the wake); with a task running, until
+    that task's next limit not yet acted on, capped the same way."""
+    dog = watchdog(soft=90, hard=300)
+    assert dog.next_wait(clock) == 90  # nothing running
+    dog.task_started("payments.execute_chunk")  # started at ``clock``
+    assert dog.next_wait(clock + 60) == 30  # its soft limit
+    assert dog.next_wait(clock + 95) == 0  # reached and not yet acted on: at once
+    dog._signalled = dog._task[0]
+    # soft acted on: the hard limit is 205 s away, but a task starting now could
+    # reach its soft limit in 90
+    assert dog.next_wait(clock + 95) == 90
+    assert dog.next_wait(clock + 250) == 50  # the hard limit, sooner than 90
+    dog.task_finished()
+    assert dog.next_wait(clock + 250) == 90
+
+
+@pytest.mark.parametrize(
+    ("soft", "hard", "idle"), [(90, None, 90), (None, 120, 120), (200, 120, 120)]
+)
+def test_with_one_limit_or_the_hard_one_shorter_the_waits_follow_it(
+    watchdog, clock, soft, hard, idle
+):
+    dog = watchdog(soft=soft, hard=hard)
+    assert dog.next_wait(clock) == idle
+    dog.task_started("payments.execute_chunk")
+    # the running task's first limit: hard at 120, or soft at 90 (already reached)
+    assert dog.next_wait(clock + 100) == (0 if soft == 90 else 20)
+
+
+def test_a_task_started_while_the_thread_sleeps_is_interrupted_at_its_limit(watchdog):
+    """The thread went to sleep with nothing running (for the whole soft limit);
+    a task that starts during that sleep is still interrupted — at its own limit,
+    since the thread wakes before it."""
+    import time
+
+    dog = watchdog(soft=0.5)
+    dog.start()
+    time.sleep(0.3)  # the thread is asleep for 0.5 s from its start
+    dog.task_started("payments.execute_chunk")
+    with pytest.raises(SoftTimeLimitExceeded):
+        time.sleep(5)  # the interrupt lands here (or the test fails after 5 s)
+    dog.task_finished()
 
 
 def test_the_limits_are_logged_with_the_task_and_the_limit(watchdog, monkeypatch, clock, caplog):
