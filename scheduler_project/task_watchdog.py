@@ -33,9 +33,10 @@ lands at any bytecode of the task, as Celery's prefork soft limit does.
 Costs per task: two attribute writes. The thread sleeps until the running
 task's next limit, and never longer than the shorter limit (a task that starts
 while it sleeps reaches its own limits after it wakes): with no task running
-for long, it wakes once every 90 s, not once a second. Every wake of an idle
-process is CPU the payment workers are charged for whatever their load (on the
-benchmark's VM ~3 ms of accounted CPU a wake: README, session 31).
+for long, it wakes once every 90 s, not once a second. Every wake is CPU the
+process is charged for whatever its load; on the benchmark's VMs a wake after a
+sleep was charged 0.1-2 ms (README, session 31), so the once-a-second tick was
+~3 ms/s of each idle payment worker's CPU.
 """
 
 from __future__ import annotations
@@ -62,8 +63,9 @@ class TaskWatchdog:
         *,
         before_interrupt: Callable[[], None] | None = None,
     ) -> None:
-        self.soft = soft
-        self.hard = hard
+        # 0, None or a negative number (a mistyped setting): no such limit
+        self.soft = soft if soft and soft > 0 else None
+        self.hard = hard if hard and hard > 0 else None
         self.before_interrupt = before_interrupt
         self._task: tuple[int, str, float] | None = None  # (serial, name, started)
         self._serial = 0

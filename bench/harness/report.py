@@ -69,13 +69,14 @@ def cpu_probe_ms() -> float:
 
 def wake_charge_us(sleep: float = 0.3, tries: int = 5) -> float:
     """CPU microseconds this thread is charged for sleeping ``sleep`` seconds and
-    waking once, the median of ``tries``: the OS's accounting of a wake, which
+    waking once, the median of ``tries``: what the OS accounts for a wake, which
     a process at a low rate pays on every message and an idle one on every
-    timer. On bare metal a few µs; on the benchmark's VMs (Firecracker, tick
-    accounting at 250 Hz) 0.7 to 2.9 ms, more than some wakes' own work (README,
-    session 31). The 100/s step's worker CPU carries it; the drain's, whose
-    processes seldom sleep, hardly does — so a run records it beside the
-    speed probe."""
+    timer. Expected to be a few µs on bare metal (not measured here); on this
+    project's benchmark VMs (Firecracker) one host read 0.1-0.45 ms in one run
+    and 0.7-2.1 ms in a loop of its own an hour earlier, cause unknown (README,
+    session 31). The 100/s step's worker CPU carries it on every wake; the
+    drain's, whose processes seldom sleep, hardly at all — so a run records
+    it beside the speed probe."""
     charged = []
     for _ in range(tries):
         started = time.thread_time()
@@ -148,8 +149,7 @@ def suite_markdown(report: dict) -> str:
             or "not recorded"
         ),
         "",
-        "CPU charged for one 0.3 s sleep and wake (`wake_charge_us`, µs; a few on bare "
-        "metal): "
+        "CPU charged for one 0.3 s sleep and wake (`wake_charge_us`, µs): "
         + (
             ", ".join(f"{k} {v}" for k, v in report.get("wake_charge_us", {}).items())
             or "not recorded"
@@ -301,6 +301,23 @@ def _sweep_bound(step: dict) -> str:
     return "no sweeps"
 
 
+def idle_lines(cap: dict) -> list[str]:
+    """The payment workers' idle CPU, and each step's worker CPU a payment above it."""
+    idle = cap.get("idle_worker_ms_per_second")
+    if idle is None:
+        return []
+    above = ", ".join(
+        f"{fmt(step['rate_per_second'])}/s {fmt(step.get('worker_ms_per_payment_above_idle'))}"
+        for step in cap["ours"]
+        if not step.get("skipped")
+    )
+    return [
+        f"- payment workers idle (no load, before the first step): {fmt(idle)} ms of CPU a "
+        f"second; worker ms/payment less that rate over each window: {above} (an estimate: "
+        "under load some idle wakes do not happen)"
+    ]
+
+
 def capacity_markdown(cap: dict) -> list[str]:
     """The capacity scenario: one row per step, this service's and the peer's."""
     slo = cap["slo"]
@@ -369,5 +386,6 @@ def capacity_markdown(cap: dict) -> list[str]:
             f"| {fmt(step['setup_margin_seconds'])} |"
         )
     lines += ["", f"- checks: {json.dumps(cap['checks'])}"]
+    lines += idle_lines(cap)
     lines += [f"- {note}" for note in cap.get("notes", [])]
     return lines

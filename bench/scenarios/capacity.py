@@ -95,6 +95,9 @@ AMOUNT = 2
 ACCOUNTS = 500  # sources and as many targets (steady's shape)
 WARM_UP = 1.2  # run_load sends 1 s of warm-up schedules, then starts 0.2 s later
 WARM_UP_SECONDS = 5.0  # of API load before the first step (its payments run before it)
+# the payment workers watched with no load before the first step: what they are
+# charged for their timers and wakes alone (README, session 31)
+IDLE_SECONDS = 30.0
 
 
 def parse_steps(text: str | None, quick: bool) -> list[float]:
@@ -165,6 +168,8 @@ class Ours:
     schedule_rate: float
     status_rate: float
     timeout: float
+    # worker CPU a second with no load (``idle_worker_ms_per_second``); None: not measured
+    idle_worker_ms_per_second: float | None = None
 
 
 @dataclass(frozen=True)
@@ -240,6 +245,25 @@ def cpu_report(used: CpuUsed, executed: int) -> dict:
         "worker_ms_per_payment": ms_each(used.worker, executed),
         "postgres_ms_per_payment": ms_each(used.postgres, executed),
     }
+
+
+def idle_worker_ms_per_second(worker_pid: int, seconds: float = IDLE_SECONDS) -> float:
+    """CPU milliseconds a second the payment workers use with nothing to do: their
+    event loops' timers and broker polls, and the OS's charge for each wake."""
+    started, before = time.monotonic(), tree_cpu_seconds(worker_pid)
+    time.sleep(seconds)
+    return round(1000 * (tree_cpu_seconds(worker_pid) - before) / (time.monotonic() - started), 2)
+
+
+def above_idle_ms_per_payment(
+    worker_cpu: float, wall: float, idle_ms_per_second: float | None, executed: int
+) -> float | None:
+    """A window's worker CPU less what the workers used idle over as long, per payment:
+    an estimate of the load's own cost (under load some of the idle wakes do not
+    happen, so it can take off a little too much); None without an idle reading."""
+    if idle_ms_per_second is None:
+        return None
+    return ms_each(worker_cpu - idle_ms_per_second * wall / 1000, executed)
 
 
 def payment_dead_rows() -> int | None:
@@ -359,6 +383,9 @@ def our_step(ctx: Ours, index: int, rate: float) -> dict:
         "cpu": cpu_report(cpu_window, executed_window),
         # from T0 until every payment was terminal (the API's tail included)
         "cpu_whole_step": cpu_report(cpu_step, executed),
+        "worker_ms_per_payment_above_idle": above_idle_ms_per_payment(
+            cpu_window.worker, cpu_window.wall, ctx.idle_worker_ms_per_second, executed_window
+        ),
         "sweep_interval": sweeps,
         "sweep_interval_p99_le_seconds": sweeps["le_seconds"] if sweeps else None,
         "sweeps_in_window": runs["observations"] if runs else None,
@@ -391,8 +418,11 @@ def batch_report(
     }
 
 
-def run_ours(env: dict, steps: list[float], args, sources, targets) -> tuple[list[dict], int]:
-    """Every step of ours, and the nice level gunicorn ran at."""
+def run_ours(
+    env: dict, steps: list[float], args, sources, targets
+) -> tuple[list[dict], int, float]:
+    """Every step of ours, the nice level gunicorn ran at, and the payment workers'
+    CPU a second idle (``idle_worker_ms_per_second``)."""
     metrics_dir = tempfile.mkdtemp(prefix="bench-capacity-metrics-")
     try:
         client = create_client("bench-capacity", accounts=20, balance=10**12)
@@ -419,6 +449,8 @@ def run_ours(env: dict, steps: list[float], args, sources, targets) -> tuple[lis
                     streams=8,
                 )
                 wait_terminal(args.timeout)
+            idle = idle_worker_ms_per_second(worker.pid)
+            print(f"   payment workers idle: {idle} ms of CPU a second")
             ctx = Ours(
                 seconds=args.capacity_seconds,
                 sources=sources,
@@ -432,8 +464,9 @@ def run_ours(env: dict, steps: list[float], args, sources, targets) -> tuple[lis
                 schedule_rate=args.api_schedule_rate,
                 status_rate=args.api_status_rate,
                 timeout=args.timeout,
+                idle_worker_ms_per_second=idle,
             )
-            return stepped(steps, lambda index, rate: our_step(ctx, index, rate)), web_nice
+            return stepped(steps, lambda index, rate: our_step(ctx, index, rate)), web_nice, idle
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
 
@@ -551,7 +584,7 @@ def run(args) -> dict:
     targets = fund_accounts(ACCOUNTS, 0)
 
     print(f"   this service: steps {steps} payments/s, {args.capacity_seconds:g} s each")
-    ours, web_nice = run_ours(env, steps, args, sources, targets)
+    ours, web_nice, idle = run_ours(env, steps, args, sources, targets)
     checks = exactly_once_check()  # before the peer: its transfers carry no payment
     peer_steps = steps
     if getattr(args, "capacity_peer_steps", None):
@@ -597,6 +630,7 @@ def run(args) -> dict:
             "worker_ms_per_payment": lowest["cpu"]["worker_ms_per_payment"] if lowest else None,
         },
         "sweep_interval_metric": SWEEP_INTERVAL_METRIC if sweep_exported else None,
+        "idle_worker_ms_per_second": idle,
         "ours": ours,
         "peer": peer,
         "checks": checks,

@@ -311,6 +311,9 @@ def test_the_thread_sleeps_until_the_next_limit_and_never_past_the_shorter_one(w
     assert dog.next_wait(clock + 250) == 50  # the hard limit, sooner than 90
     dog.task_finished()
     assert dog.next_wait(clock + 250) == 90
+    # the next task's soft limit is its own: the first one's signal is no reason to skip it
+    dog.task_started("payments.execute_chunk")  # started at ``clock`` too (the clock is held)
+    assert dog.next_wait(clock + 60) == 30
 
 
 @pytest.mark.parametrize(
@@ -326,10 +329,10 @@ def test_with_one_limit_or_the_hard_one_shorter_the_waits_follow_it(
     assert dog.next_wait(clock + 100) == (0 if soft == 90 else 20)
 
 
-def test_a_task_started_while_the_thread_sleeps_is_interrupted_at_its_limit(watchdog):
+def test_a_task_started_while_the_thread_sleeps_is_still_interrupted(watchdog):
     """The thread went to sleep with nothing running (for the whole soft limit);
-    a task that starts during that sleep is still interrupted — at its own limit,
-    since the thread wakes before it."""
+    a task that starts during that sleep is still interrupted (the thread wakes
+    before the task's limit and then sleeps until it)."""
     import time
 
     dog = watchdog(soft=0.5)
@@ -406,8 +409,34 @@ def test_one_named_daemon_thread_which_gives_sigalrm_back(watchdog):
     assert signal.getsignal(signal.SIGALRM) == before
 
 
+@pytest.mark.parametrize("limit", [0, -5, None])
+def test_a_limit_that_is_not_positive_is_no_limit(watchdog, monkeypatch, clock, limit):
+    """A negative setting would otherwise signal every task at once and, with no
+    positive limit to wait for, leave the thread nothing to sleep on."""
+    monkeypatch.setattr(signal, "pthread_kill", lambda ident, sig: pytest.fail("signalled"))
+    dog = watchdog(soft=limit, hard=120)
+    assert dog.soft is None
+    dog.task_started("payments.execute_chunk")
+    dog.check(clock + 100)
+    assert dog.next_wait(clock + 100) == 20
+
+
+def test_a_negative_hard_limit_is_no_limit(watchdog, monkeypatch, clock):
+    monkeypatch.setattr(os, "_exit", lambda code: pytest.fail("exited"))
+    monkeypatch.setattr(signal, "pthread_kill", lambda ident, sig: None)
+    dog = watchdog(soft=90, hard=-5)
+    assert dog.hard is None
+    dog.task_started("payments.execute_chunk")
+    dog.check(clock + 100)
+
+
+def test_a_limit_under_a_second_is_kept():
+    assert (TaskWatchdog(0.5, 0.75).soft, TaskWatchdog(0.5, 0.75).hard) == (0.5, 0.75)
+
+
 def test_without_limits_nothing_is_started(watchdog):
     before = signal.getsignal(signal.SIGALRM)
     watchdog(soft=None, hard=None).start()
+    watchdog(soft=-1, hard=0).start()
     assert _watching_threads() == []
     assert signal.getsignal(signal.SIGALRM) == before
