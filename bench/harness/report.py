@@ -67,7 +67,10 @@ def cpu_probe_ms() -> float:
     return round(best * 1000, 1)
 
 
-def wake_charge_us(sleep: float = 0.3, tries: int = 5) -> float:
+WAKE_PROBE_SLEEP = 0.3  # seconds: ``wake_charge_us``'s sleep, as the report names it
+
+
+def wake_charge_us(sleep: float = WAKE_PROBE_SLEEP, tries: int = 5) -> float:
     """CPU microseconds this thread is charged for sleeping ``sleep`` seconds and
     waking once, the median of ``tries``: what the OS accounts for a wake, which
     a process at a low rate pays on every message and an idle one on every
@@ -149,7 +152,7 @@ def suite_markdown(report: dict) -> str:
             or "not recorded"
         ),
         "",
-        "CPU charged for one 0.3 s sleep and wake (`wake_charge_us`, µs): "
+        f"CPU charged for one {WAKE_PROBE_SLEEP:g} s sleep and wake (`wake_charge_us`, µs): "
         + (
             ", ".join(f"{k} {v}" for k, v in report.get("wake_charge_us", {}).items())
             or "not recorded"

@@ -66,10 +66,22 @@ def test_a_step_above_idle_takes_off_the_idle_rate_over_its_window():
 def test_the_idle_reading_is_the_workers_cpu_over_the_wait(monkeypatch):
     import bench.scenarios.capacity as capacity
 
+    class Clock:
+        """Wall time that passes only in sleeps (what the wait measured)."""
+
+        now = 500.0
+
+        def monotonic(self):
+            return self.now
+
+        def sleep(self, seconds):
+            self.now += seconds + 0.05  # a wait that ran a little long
+
     readings = iter([10.0, 10.006])  # 6 ms of CPU in the wait
     monkeypatch.setattr(capacity, "tree_cpu_seconds", lambda pid: next(readings))
-    rate = capacity.idle_worker_ms_per_second(12345, seconds=0.2)
-    assert 20 < rate <= 30  # 6 ms over a wait of 0.2 s and a little more
+    monkeypatch.setattr(capacity, "time", Clock())
+    # over the wall time the wait took (0.25 s), not the 0.2 s it asked for
+    assert capacity.idle_worker_ms_per_second(12345, seconds=0.2) == 24.0
 
 
 def test_the_report_shows_the_idle_rate_and_each_steps_cost_above_it():
