@@ -17,6 +17,8 @@ import redis
 from django.conf import settings
 from django.db import connection
 
+from bench.harness.processes import QUIET_WORKER
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -74,8 +76,7 @@ class Processes:
             "INFO",
             "--concurrency",
             str(concurrency),
-            "--without-mingle",
-            "--without-gossip",
+            *QUIET_WORKER,
             "-n",
             f"{name}{len(self.procs)}@%h",
         ]

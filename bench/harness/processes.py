@@ -31,6 +31,9 @@ if str(ROOT) not in sys.path:
 
 
 CELERY = [sys.executable, "-m", "celery", "-A", "scheduler_project"]
+# As every worker of the Procfile: no worker events, gossip or start-up sync
+# (nothing here uses them; the heartbeat woke each idle worker every 2 s).
+QUIET_WORKER = ["--without-heartbeat", "--without-gossip", "--without-mingle"]
 
 
 def payment_workers(
@@ -39,7 +42,7 @@ def payment_workers(
     """A command that runs ``count`` payment workers as the Procfile does (one
     solo-pool process each, every partition's queue) as one role (``one_role``);
     ``guard`` prefixes each worker's own command (chaos: die with the harness)."""
-    one = [*CELERY, "worker", "--pool", "solo", "--without-mingle", "--without-gossip"]
+    one = [*CELERY, "worker", "--pool", "solo", *QUIET_WORKER]
     one += ["-X", NON_PAYMENT_QUEUES, "-l", log_level]
     return one_role([guard([*one, "-n", f"{role}.{n}@%h"]) for n in range(1, count + 1)])
 
@@ -144,7 +147,7 @@ class Service:
             return self.start(
                 role, payment_workers(concurrency, role, level, guard=self.guard), nice=nice
             )
-        args = ["worker", "-c", str(concurrency), "--without-mingle", "--without-gossip"]
+        args = ["worker", "-c", str(concurrency), *QUIET_WORKER]
         args += ["-n", f"{role}@%h"]
         args += ["-Q", queues] if queues else ["-X", NON_PAYMENT_QUEUES]
         if pool:

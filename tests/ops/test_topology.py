@@ -121,3 +121,17 @@ def test_payment_workers_run_as_several_processes():
     assert services["worker"]["deploy"]["replicas"] >= 2
     dev = (ROOT / "scripts" / "dev").read_text()
     assert 'Procfile.dev start -c worker="${PAYMENT_WORKERS:-2}"' in dev
+
+
+@pytest.mark.parametrize("source", ["Procfile", "Procfile.dev", "docker-compose.yml"])
+def test_every_worker_runs_without_events_gossip_or_start_up_sync(source):
+    """Nothing reads worker events, gossip or mingle (``control.ping`` goes by the
+    remote-control mailbox), and the heartbeat woke each idle worker every 2 s:
+    every worker runs so (the benchmark's and the tests' take ``QUIET_WORKER``)."""
+    from bench.harness.processes import QUIET_WORKER
+
+    commands = procfile(source) if source.startswith("Procfile") else compose()
+    workers = {name: argv for name, argv in commands.items() if consumed(argv) is not None}
+    assert {"worker", "timers", "recurring", "webhooks"} <= set(workers)
+    for name, argv in workers.items():
+        assert set(QUIET_WORKER) <= set(argv), name

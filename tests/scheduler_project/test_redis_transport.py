@@ -8,11 +8,18 @@ test (a real worker, Redis killed with a chunk in flight) is
 test_payment_worker_survives_a_redis_restart_with_a_chunk_in_flight``.
 """
 
+from time import monotonic
+
 import pytest
 import redis
 from kombu import Connection, Exchange, Producer, Queue
+from kombu.asynchronous import Hub
 
-from scheduler_project.redis_transport import register
+from scheduler_project.redis_transport import (
+    BINDING_EXPIRY_CHECK_INTERVAL,
+    BRPOP_TIMEOUT,
+    register,
+)
 
 register()  # settings already did for a redis:// broker; "redis-stock" is the unpatched one
 
@@ -118,3 +125,41 @@ def test_a_new_pool_gets_a_new_client(unacked_channel):
         assert after is not before
         assert after.connection_pool is channel.pool is not old_pool
         assert after.ping()
+
+
+def test_an_idle_consumer_sends_brpop_with_a_long_timeout(private_redis):
+    """BRPOP's timeout is how often an idle consumer wakes to send it again;
+    a message still wakes it at once (the process tests run on this)."""
+    conn = Connection(private_redis.url)
+    try:
+        assert conn.default_channel.brpop_timeout == BRPOP_TIMEOUT == 10
+    finally:
+        conn.release()
+    conn = Connection(private_redis.url, transport_options={"polling_interval": 2})
+    try:
+        assert conn.default_channel.brpop_timeout == 2  # kombu's option still wins
+    finally:
+        conn.release()
+
+
+def test_an_idle_event_loop_sleeps_until_kombus_ten_second_timers(private_redis):
+    """The hub sleeps until its next timer (at most 10 s in a worker): kombu's
+    binding-expiry check every second woke it every second; it now runs every
+    30 s, still far inside the hour a binding table lives, and the first timer
+    is kombu's 10 s ones."""
+    hub = Hub()
+    conn = Connection(private_redis.url)
+    try:
+        conn.default_channel  # noqa: B018 - the channel the cycle polls
+        registered = monotonic()
+        conn.transport.register_with_event_loop(conn.connection, hub)
+        due = {
+            entry.fun.__wrapped__.__name__: eta - registered
+            for eta, _priority, entry in hub.timer.queue
+            if not entry.canceled
+        }
+        assert due["maybe_refresh_binding_expiry"] >= BINDING_EXPIRY_CHECK_INTERVAL
+        assert min(due.values()) >= 10  # kombu's restore and re-auth checks
+    finally:
+        hub.close()
+        conn.release()
