@@ -30,7 +30,7 @@ The channel also keeps the redis-py client it builds for as long as its pool
 lasts (``Channel.conn_or_acquire``): kombu built one for every command it
 sent without one, two for every message a worker takes.
 
-An idle consumer wakes less (``Transport``): BRPOP is sent with a 10 s
+An idle consumer wakes less (``Transport``): BRPOP is sent with a 3 s
 server-side timeout instead of 1 s, and the binding-expiry check that kombu
 runs every second runs every 30 s. Each wake of an idle process costs CPU
 (on the benchmark's VMs the kernel charges a wake ~0.3-2 ms), and a payment
@@ -87,15 +87,22 @@ class Channel(kombu_redis.Channel):
         yield kept
 
 
-#: BRPOP's server-side timeout (kombu's is 1 s). A message wakes the consumer
-#: when it arrives whatever the timeout; the timeout only sets how often an idle
-#: consumer re-sends BRPOP, and (with kombu's ``health_check_interval``, 25 s)
-#: how soon a consumer on a half-open connection notices: within about
-#: ``BRPOP_TIMEOUT + 2 * 25`` s, 60 s instead of 51. A message that connection
-#: swallowed is lost either way (the lease reaper re-queues its payments) and
-#: the other workers keep consuming every queue meanwhile. The transport
-#: option ``polling_interval`` still overrides it, as in kombu.
-BRPOP_TIMEOUT = 10
+#: BRPOP's server-side timeout (kombu's is 1 s). A message wakes an idle
+#: consumer when it arrives whatever the timeout; the timeout sets how often an
+#: idle consumer re-sends BRPOP, and what else waits on the BRPOP in flight:
+#: - closing the channel reads that BRPOP's reply first (kombu's
+#:   ``Channel.close``), so a warm shutdown takes up to this long more: 3 s
+#:   stays under Celery's 5 s socket timeout at a cold shutdown (past it the
+#:   unacknowledged messages are not restored) and docker's 10 s grace;
+#: - a solo worker running a task leaves its BRPOP open, so a message arriving
+#:   in the task's first seconds is taken and waits for the task to end (a
+#:   batch takes milliseconds; a message lost with a killed worker is re-queued
+#:   by the lease reaper either way);
+#: - a consumer on a half-open connection notices within about
+#:   ``BRPOP_TIMEOUT + 2 * health_check_interval`` (kombu's check, 25 s): 53 s
+#:   instead of 51, while the other workers keep consuming every queue.
+#: The transport option ``polling_interval`` still overrides it, as in kombu.
+BRPOP_TIMEOUT = 3
 
 #: How often the event loop checks kombu's binding tables for expiring queues
 #: (kombu: every second). A table lives at least an hour

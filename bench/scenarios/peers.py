@@ -40,7 +40,7 @@ from bench.harness.clock import clock_timestamp as db_now
 from bench.harness.db import prepare
 from bench.harness.load import fund_accounts
 from bench.harness.metrics import summarize, tree_cpu_seconds, tree_rss_mb
-from bench.harness.processes import Service
+from bench.harness.processes import QUIET_WORKER, Service
 
 DATABASE = "scheduler_bench_peers"
 REDIS_DB = 12
@@ -155,8 +155,7 @@ def start_worker(service: Service, role: str, concurrency: int):
         PEER_TASKS,
         "-Q",
         "peers",
-        "--without-mingle",
-        "--without-gossip",
+        *QUIET_WORKER,
         "-n",
         f"{role}@%h",
     )

@@ -5,6 +5,9 @@ Each test starts its own worker/beat processes against the test database
 user relies on: every payment executed exactly once, never early, books clean.
 """
 
+import os
+import signal
+import time
 from datetime import timedelta
 
 import pytest
@@ -433,3 +436,39 @@ def test_solo_payment_worker_survives_a_redis_restart_with_a_chunk_in_flight(
         private_redis.kill()
         private_redis.start()
     _goes_on_after_the_restart(procs, worker, source, target, first)
+
+
+def test_a_stopped_payment_worker_gives_back_the_chunk_it_holds_for_later(procs):
+    """A warm shutdown (docker stop, a deploy: SIGTERM) of a solo payment worker
+    holding a chunk for its ETA puts the chunk back on its queue, where another
+    worker takes it in time, instead of leaving it to the lease reaper. Closing
+    the channel first waits for the BRPOP in flight (kombu), so the worker must be
+    gone well inside docker's 10 s grace, or a SIGKILL there skips the restore
+    (``redis_transport.BRPOP_TIMEOUT``)."""
+    import redis
+    from django.conf import settings
+
+    from payments.tasks import execute_chunk
+    from scheduler_project.celery import app
+
+    (worker,) = [procs.worker(1, pool="solo", exclude="timers,recurring,webhooks,default")]
+    wait_until(lambda: len(app.control.ping(timeout=0.5)) >= 1, 60, message="worker up")
+    broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    queue = routing.queue_name(0)
+    execute_chunk.apply_async(
+        args=[[["00000000-0000-0000-0000-000000000000", 1]]],
+        kwargs={"partitions": [0]},
+        queue=queue,
+        countdown=300,
+    )
+    wait_until(
+        lambda: broker.llen(queue) == 0 and broker.hlen("unacked") == 1,
+        30,
+        message="the worker holds the chunk for its ETA",
+    )
+    stopping = time.monotonic()
+    os.killpg(worker.pid, signal.SIGTERM)
+    worker.wait(30)
+    assert time.monotonic() - stopping < 10  # docker's grace period
+    assert broker.llen(queue) == 1  # back on its queue
+    assert broker.hlen("unacked") == 0
