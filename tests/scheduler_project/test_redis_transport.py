@@ -163,3 +163,23 @@ def test_an_idle_event_loop_sleeps_until_kombus_ten_second_timers(private_redis)
     finally:
         hub.close()
         conn.release()
+
+
+def test_both_redis_schemes_take_this_transport():
+    """``rediss://`` (TLS) brokers get the same channel as ``redis://``."""
+    from kombu.transport import resolve_transport
+
+    from scheduler_project.redis_transport import Transport
+
+    assert resolve_transport("redis") is Transport
+    assert resolve_transport("rediss") is Transport
+    assert resolve_transport("redis-stock") is not Transport
+
+
+def test_an_attached_channel_builds_from_its_connection_of_now(unacked_channel):
+    """The remembered parameters stand in only while the transport is detached;
+    attached, a channel reads its connection as it is (kombu's failover moves it)."""
+    _conn, channel, _name = unacked_channel("redis")
+    before = channel._connparams()
+    channel.connection.client.port = before["port"] + 1
+    assert channel._connparams()["port"] == before["port"] + 1
