@@ -451,7 +451,7 @@ def test_a_stopped_payment_worker_gives_back_the_chunk_it_holds_for_later(procs)
     from payments.tasks import execute_chunk
     from scheduler_project.celery import app
 
-    (worker,) = [procs.worker(1, pool="solo", exclude="timers,recurring,webhooks,default")]
+    worker = procs.worker(1, pool="solo", exclude="timers,recurring,webhooks,default")
     wait_until(lambda: len(app.control.ping(timeout=0.5)) >= 1, 60, message="worker up")
     broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
     queue = routing.queue_name(0)
