@@ -469,6 +469,75 @@ def test_chunks_adapt_to_the_load_small_partitions_share_full_ones_stand_alone(s
     ]
 
 
+def flow_of(times, partitions, at):
+    """One claim per (time, partition), in due order: ``"<partition>-<ms>"``."""
+    return [transitions.Claimed(f"{p}-{t}", 1, p, at(t)) for t in times for p in partitions]
+
+
+def test_a_slot_of_many_full_chunks_is_cut_in_time_into_sub_slots(settings):
+    """A window holding three full chunks or more is cut into equal parts of
+    its slot, as many as it holds pairs of full chunks (rounded half up); each
+    part is cut by partition and size as a window is, so its chunks stay full
+    and partition-pure but are due within their part, not at the slot's end."""
+    settings.PAYMENT_CHUNK_SIZE = 4
+    settings.PAYMENT_CHUNK_SPREAD_MS = 400
+    settings.PAYMENT_LOOKAHEAD_SECONDS = 1.0
+    now = slot_start()
+
+    def at(ms):
+        return now + timedelta(milliseconds=ms)
+
+    # four small partitions, 16 claims: uncut, each chunk would span the slot
+    flow = flow_of((10, 199, 200, 399), (1, 2, 3, 4), at)  # 200: the second part's first instant
+    assert cut(flow, now) == [
+        ((1, 2), at(199), ["1-10", "1-199", "2-10", "2-199"]),
+        ((3, 4), at(199), ["3-10", "3-199", "4-10", "4-199"]),
+        ((1, 2), at(399), ["1-200", "1-399", "2-200", "2-399"]),
+        ((3, 4), at(399), ["3-200", "3-399", "4-200", "4-399"]),
+    ]
+    assert cut(flow, None) == cut(flow, now)  # without "now" every claim waits
+    # already due, or the window's first claim due at "now": never cut
+    for late in (at(400), at(10)):
+        assert cut(flow, late) == [
+            ((p,), at(399), [f"{p}-{t}" for t in (10, 199, 200, 399)]) for p in (1, 2, 3, 4)
+        ]
+    # 12 claims = 3 full chunks, 1.5 pairs: two parts; 11 claims: kept whole
+    assert cut(flow[:12], now) == [
+        ((1, 2), at(199), ["1-10", "1-199", "2-10", "2-199"]),
+        ((3, 4), at(199), ["3-10", "3-199", "4-10", "4-199"]),
+        ((1, 2, 3, 4), at(200), ["1-200", "2-200", "3-200", "4-200"]),
+    ]
+    assert [(p, eta) for p, eta, _ in cut(flow[:11], now)] == [
+        ((1,), at(200)),
+        ((2,), at(200)),
+        ((3,), at(200)),
+        ((4,), at(199)),
+    ]
+    # 20 claims = 2.5 pairs: three parts of 133 ms
+    twenty = flow_of(range(10, 400, 20), (3,), at)
+    assert [eta for _, eta, _ in cut(twenty, now)] == [
+        at(ms) for ms in (70, 130, 210, 250, 330, 390)
+    ]
+
+
+def test_without_a_grid_sub_slots_count_from_the_window_s_first_claim(settings):
+    settings.PAYMENT_CHUNK_SIZE = 4
+    settings.PAYMENT_CHUNK_SPREAD_MS = 400
+    settings.PAYMENT_LOOKAHEAD_SECONDS = 0.2  # shorter than a slot: no grid
+    now = timezone.now()
+
+    def at(ms):
+        return now + timedelta(milliseconds=ms)
+
+    flow = flow_of((10, 209, 210, 410), (1, 2, 3, 4), at)  # 410: the spread's last instant
+    assert [(p, eta) for p, eta, _ in cut(flow, now)] == [
+        ((1, 2), at(209)),
+        ((3, 4), at(209)),
+        ((1, 2), at(410)),
+        ((3, 4), at(410)),
+    ]
+
+
 def test_republished_early_arrivals_wait_for_their_due_time_on_their_queue(
     alice, monkeypatch, settings
 ):
