@@ -501,6 +501,10 @@ def test_a_slot_of_many_full_chunks_is_cut_in_time_into_sub_slots(settings):
         assert cut(flow, late) == [
             ((p,), at(399), [f"{p}-{t}" for t in (10, 199, 200, 399)]) for p in (1, 2, 3, 4)
         ]
+    # the same when the window is followed by the next slot's (closed mid-way)
+    later = transitions.Claimed("1-450", 1, 1, at(450))
+    assert cut([*flow, later], now) == [*cut(flow, now), ((1,), at(450), ["1-450"])]
+    assert cut([*flow, later], at(400)) == [*cut(flow, at(400)), ((1,), at(450), ["1-450"])]
     # 12 claims = 3 full chunks, 1.5 pairs: two parts; 11 claims: kept whole
     assert cut(flow[:12], now) == [
         ((1, 2), at(199), ["1-10", "1-199", "2-10", "2-199"]),
