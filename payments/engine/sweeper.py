@@ -112,25 +112,30 @@ def sub_slots(
 ) -> list[list[Claimed]]:
     """Cut a window that waits for its slot into equal parts of the slot, in
     time, one per ``CHUNKS_PER_SUB_SLOT`` full chunks it holds (rounded half
-    up: from three full chunks on).
+    up: from three full chunks on); a part holding less than a full chunk
+    joins the next one (the last joins the one before).
 
     A window's chunks are due at its latest claim, so its first payments wait
     up to the whole slot: half of it on average, which at a high rate is
     lateness for nothing — the slot holds full chunks many times over. Each
-    sub-slot is then cut by partition and size as a window is, so its
-    chunks stay full, lock disjoint partitions (two chunks of a sub-slot run
-    at once on the two payment workers without touching each other's rows)
-    and are due within a fraction of the slot. At 2,000/s a 400 ms slot
-    holds 800 payments: two sub-slots of 200 ms, four chunks of ~200 as
-    before, the average wait for the slot 200 → 100 ms. A window of fewer
-    than three full chunks keeps the whole slot, and a window of payments
-    already due is never cut (nothing to wait for).
-    Cutting every slot's chunks by time instead of partition was tried and
-    reverted in session 22: chunks that span every partition serialise the
-    two workers on each other's rows.
+    part is then cut by partition and size as a window is, so with an even
+    flow its two or three chunks are near full and hold disjoint source
+    partitions (the two that come due together run at once on the two
+    payment workers without waiting on each other's payment rows) and are
+    due within a fraction of the slot. At 2,000/s a 400 ms slot holds 800
+    payments: two parts of 200 ms and ~6 chunks instead of ~5 (a part of
+    just over two full chunks packs into three), the average wait for the
+    slot 200 → 100 ms. A window of fewer than three full chunks keeps the
+    whole slot, a window of payments already due is never cut (nothing to
+    wait for), and an uneven slot (a burst at one instant and a light flow
+    around it) is not cut into a small chunk spanning every partition: a
+    part under a full chunk joins its neighbour. Cutting every slot's
+    chunks by time instead of partition was tried and reverted in session
+    22: chunks that span every partition serialise the two workers on each
+    other's rows.
     """
     size = settings.PAYMENT_CHUNK_SIZE
-    parts = int(len(window) / (CHUNKS_PER_SUB_SLOT * size) + 0.5)  # rounded half up
+    parts = (len(window) + size) // (CHUNKS_PER_SUB_SLOT * size)  # n / 2 chunks, half up
     first = window[0].due_at
     if parts <= 1 or (now is not None and first <= now):
         return [window]
@@ -138,11 +143,18 @@ def sub_slots(
         origin, length = first, timedelta(milliseconds=settings.PAYMENT_CHUNK_SPREAD_MS)
     else:
         origin, length = slot_start(first, grid), grid
-    step = length / parts
     cut: list[list[Claimed]] = [[] for _ in range(parts)]
     for claim in window:  # in due order
-        cut[min(int((claim.due_at - origin) / step), parts - 1)].append(claim)
-    return [part for part in cut if part]
+        cut[min((claim.due_at - origin) * parts // length, parts - 1)].append(claim)
+    joined: list[list[Claimed]] = []
+    for part in cut:  # an empty part is filled by the next or dropped below
+        if joined and len(joined[-1]) < size:
+            joined[-1].extend(part)
+        else:
+            joined.append(part)
+    if len(joined[-1]) < size:  # never the only part: that is the whole window
+        joined[-2].extend(joined.pop())
+    return joined
 
 
 def queued_count() -> int:

@@ -477,8 +477,9 @@ def flow_of(times, partitions, at):
 def test_a_slot_of_many_full_chunks_is_cut_in_time_into_sub_slots(settings):
     """A window holding three full chunks or more is cut into equal parts of
     its slot, as many as it holds pairs of full chunks (rounded half up); each
-    part is cut by partition and size as a window is, so its chunks stay full
-    and partition-pure but are due within their part, not at the slot's end."""
+    part is cut by partition and size as a window is, so an even flow's chunks
+    stay near full and hold disjoint partitions but are due within their
+    part, not at the slot's end."""
     settings.PAYMENT_CHUNK_SIZE = 4
     settings.PAYMENT_CHUNK_SPREAD_MS = 400
     settings.PAYMENT_LOOKAHEAD_SECONDS = 1.0
@@ -522,6 +523,38 @@ def test_a_slot_of_many_full_chunks_is_cut_in_time_into_sub_slots(settings):
     assert [eta for _, eta, _ in cut(twenty, now)] == [
         at(ms) for ms in (70, 130, 210, 250, 330, 390)
     ]
+
+
+def test_a_part_under_a_full_chunk_joins_its_neighbour(settings):
+    """An uneven slot — a burst at one instant and a few claims around it — is
+    not cut into a small chunk of its own: a part under a full chunk joins the
+    next part, or the one before when it is the last."""
+    settings.PAYMENT_CHUNK_SIZE = 4
+    settings.PAYMENT_CHUNK_SPREAD_MS = 400
+    settings.PAYMENT_LOOKAHEAD_SECONDS = 1.0
+    now, grid = slot_start(), spread_grid()
+
+    def at(ms):
+        return now + timedelta(milliseconds=ms)
+
+    def claims(name, ms, n, partition=None):
+        return [
+            transitions.Claimed(f"{name}{i}", 1, partition or i % 4 + 1, at(ms + i))
+            for i in range(n)
+        ]
+
+    burst, late_burst = claims("b", 10, 10), claims("l", 300, 10)
+    head, tail = claims("h", 10, 2, 9), claims("t", 300, 2, 9)
+    assert sweeper.sub_slots([*burst, *tail], grid, now) == [[*burst, *tail]]
+    assert sweeper.sub_slots([*head, *late_burst], grid, now) == [[*head, *late_burst]]
+    # 20 claims, three parts of 133 ms: the small middle one joins the last
+    first, middle, last = claims("f", 10, 9), claims("m", 200, 2, 9), claims("z", 300, 9)
+    assert sweeper.sub_slots([*first, *middle, *last], grid, now) == [first, [*middle, *last]]
+    # exactly a full chunk stays a part of its own; an empty part is dropped
+    full = claims("u", 300, 4, 9)
+    assert sweeper.sub_slots([*burst, *full], grid, now) == [burst, full]
+    early, later = claims("e", 10, 12), claims("w", 390, 9)
+    assert sweeper.sub_slots([*early, *later], grid, now) == [early, later]
 
 
 def test_without_a_grid_sub_slots_count_from_the_window_s_first_claim(settings):
