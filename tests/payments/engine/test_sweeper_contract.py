@@ -551,8 +551,9 @@ def test_a_part_under_a_full_chunk_joins_its_neighbour(settings):
     first, middle, last = claims("f", 10, 9), claims("m", 200, 2, 9), claims("z", 300, 9)
     assert sweeper.sub_slots([*first, *middle, *last], grid, now) == [first, [*middle, *last]]
     # exactly a full chunk stays a part of its own; an empty part is dropped
-    full = claims("u", 300, 4, 9)
+    full, full_first = claims("u", 300, 4, 9), claims("v", 10, 4, 9)
     assert sweeper.sub_slots([*burst, *full], grid, now) == [burst, full]
+    assert sweeper.sub_slots([*full_first, *late_burst], grid, now) == [full_first, late_burst]
     early, later = claims("e", 10, 12), claims("w", 390, 9)
     assert sweeper.sub_slots([*early, *later], grid, now) == [early, later]
 
