@@ -24,6 +24,12 @@ def db_now() -> datetime:
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
+def spread() -> timedelta:
+    """``PAYMENT_CHUNK_SPREAD_MS`` as a length: a slot of the grid, or with no
+    grid how far apart a chunk's due times may lie."""
+    return timedelta(milliseconds=settings.PAYMENT_CHUNK_SPREAD_MS)
+
+
 def spread_grid(lookahead: float | None = None) -> timedelta | None:
     """The grid the sweeper claims and cuts chunks on: slots of
     ``PAYMENT_CHUNK_SPREAD_MS`` counted from the Unix epoch (as PostgreSQL's
@@ -33,10 +39,10 @@ def spread_grid(lookahead: float | None = None) -> timedelta | None:
     by default ``PAYMENT_LOOKAHEAD_SECONDS``."""
     if lookahead is None:
         lookahead = settings.PAYMENT_LOOKAHEAD_SECONDS
-    spread = timedelta(milliseconds=settings.PAYMENT_CHUNK_SPREAD_MS)
-    if spread <= timedelta(0) or lookahead < spread.total_seconds():
+    length = spread()
+    if length <= timedelta(0) or lookahead < length.total_seconds():
         return None
-    return spread
+    return length
 
 
 def slot_start(moment: datetime, grid: timedelta) -> datetime:
@@ -50,7 +56,7 @@ def same_slot(first: datetime, later: datetime, grid: timedelta | None) -> bool:
     same slot of ``grid`` (``spread_grid()``) or, with no grid, due within the
     spread of it."""
     if grid is None:
-        return later - first <= timedelta(milliseconds=settings.PAYMENT_CHUNK_SPREAD_MS)
+        return later - first <= spread()
     return slot_start(first, grid) == slot_start(later, grid)
 
 

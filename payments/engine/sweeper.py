@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import connection, transaction
 
-from ..clock import db_now, same_slot, slot_start, spread_grid
+from ..clock import db_now, same_slot, slot_start, spread, spread_grid
 from ..models import Payment, PaymentStatus
 from ..transitions import Claimed, claim_due
 
@@ -140,7 +140,7 @@ def sub_slots(
     if parts <= 1 or (now is not None and first <= now):
         return [window]
     if grid is None:
-        origin, length = first, timedelta(milliseconds=settings.PAYMENT_CHUNK_SPREAD_MS)
+        origin, length = first, spread()
     else:
         origin, length = slot_start(first, grid), grid
     cut: list[list[Claimed]] = [[] for _ in range(parts)]
