@@ -137,12 +137,12 @@ def sub_slots(
     size = settings.PAYMENT_CHUNK_SIZE
     parts = (len(window) + size) // (CHUNKS_PER_SUB_SLOT * size)  # n / 2 chunks, half up
     first = window[0].due_at
-    if parts <= 1 or (now is not None and first <= now):
-        return [window]
     if grid is None:
         origin, length = first, spread()
     else:
         origin, length = slot_start(first, grid), grid
+    if parts <= 1 or length <= timedelta(0) or (now is not None and first <= now):
+        return [window]  # no spread (PAYMENT_CHUNK_SPREAD_MS=0): one instant, nothing to cut
     cut: list[list[Claimed]] = [[] for _ in range(parts)]
     for claim in window:  # in due order
         cut[min((claim.due_at - origin) * parts // length, parts - 1)].append(claim)

@@ -15,7 +15,11 @@ from datetime import timezone as dt_timezone
 
 import pytest
 from django.db import connection, transaction
+from django.test import override_settings
 from django.utils import timezone
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from payments import routing, selectors, tasks, transitions
 from payments.clock import db_now, spread_grid
@@ -556,6 +560,71 @@ def test_a_part_under_a_full_chunk_joins_its_neighbour(settings):
     assert sweeper.sub_slots([*full_first, *late_burst], grid, now) == [full_first, late_burst]
     early, later = claims("e", 10, 12), claims("w", 390, 9)
     assert sweeper.sub_slots([*early, *later], grid, now) == [early, later]
+
+
+def test_without_a_spread_a_burst_at_one_future_instant_is_one_window(settings):
+    """``PAYMENT_CHUNK_SPREAD_MS=0`` (no grid, a window is one instant): a
+    window of many full chunks has no slot to cut, so it is packed whole —
+    sub-slots once divided by the zero length and failed the sweep."""
+    settings.PAYMENT_CHUNK_SIZE = 4
+    settings.PAYMENT_CHUNK_SPREAD_MS = 0
+    settings.PAYMENT_LOOKAHEAD_SECONDS = 1.0
+    now = timezone.now()
+    due = now + timedelta(milliseconds=300)
+    flow = flow_of((0,) * 3, (1, 2, 3, 4), lambda ms: due)  # 12 claims: three full chunks
+    assert [(p, eta, len(ids)) for p, eta, ids in cut(flow, now)] == [
+        ((1,), due, 3),
+        ((2,), due, 3),
+        ((3,), due, 3),
+        ((4,), due, 3),
+    ]
+
+
+claim_sets = st.lists(
+    st.tuples(st.sampled_from((0, 1, 199, 200, 399, 400, 401, 800, 1500)), st.integers(0, 5)),
+    max_size=60,
+)
+
+
+@hypothesis_settings(max_examples=300, deadline=None)
+@given(
+    claims=claim_sets,
+    size=st.integers(1, 6),
+    spread_ms=st.sampled_from((0, 1, 50, 200, 400)),
+    lookahead=st.sampled_from((0.1, 1.0)),
+    now_ms=st.one_of(st.none(), st.integers(-100, 1600)),
+)
+def test_every_claim_goes_out_once_in_a_chunk_never_early_nor_held_past_its_spread(
+    claims, size, spread_ms, lookahead, now_ms
+):
+    """Whatever the claims, the chunk size, the spread (none included) and
+    the lookahead: each claim is in exactly one chunk, no chunk holds more
+    than a chunk's size, a chunk's partitions are its claims' and its ETA its
+    latest due time (so none runs early), and no claim waits for its chunk
+    past its own due time plus the spread — or past now, for a claim already
+    due."""
+    base = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
+
+    def at(ms):
+        return base + timedelta(milliseconds=ms)
+
+    flow = [transitions.Claimed(f"c{i}", 1, p, at(ms)) for i, (ms, p) in enumerate(claims)]
+    now = None if now_ms is None else at(now_ms)
+    spread = timedelta(milliseconds=spread_ms)
+    with override_settings(
+        PAYMENT_CHUNK_SIZE=size,
+        PAYMENT_CHUNK_SPREAD_MS=spread_ms,
+        PAYMENT_LOOKAHEAD_SECONDS=lookahead,
+    ):
+        chunks = sweeper.chunk_claims(flow, now)
+    seen = [c.payment_id for _, _, chunk in chunks for c in chunk]
+    assert sorted(seen) == sorted(c.payment_id for c in flow)
+    for partitions, eta, chunk in chunks:
+        assert 0 < len(chunk) <= size
+        assert partitions == tuple(sorted({c.partition for c in chunk}))
+        assert eta == max(c.due_at for c in chunk)
+        for c in chunk:
+            assert eta <= max(c.due_at + spread, now or c.due_at)
 
 
 def test_without_a_grid_sub_slots_count_from_the_window_s_first_claim(settings):
