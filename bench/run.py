@@ -89,7 +89,7 @@ DEFAULT_ONLY = [name for name in SCENARIOS if name != "capacity"]
 
 # ---------------------------------------------------------------- targets
 TARGETS = [
-    ("drain: 100k due at once, drain seconds", "drain", "drain_seconds", 60, "<="),
+    ("drain: 100k due at once, drain seconds", "drain", "drain_seconds", 40, "<="),  # DESIGN §7
     ("hot account: 100k, drain seconds", "hot", "drain_seconds", 60, "<="),
     ("steady: p99 lateness (s)", "steady", "lateness_seconds.p99", 0.25, "<="),
     ("API under load: schedule p95 (ms)", "steady", "api.schedule.latency_ms.p95", 20, "<="),
