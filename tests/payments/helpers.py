@@ -36,8 +36,7 @@ class Published(list):
 
 def slot_start():
     """Now, rounded down to the start of its slot of the spread grid (``clock.spread_grid``)."""
-    grid = timedelta(milliseconds=settings.PAYMENT_CHUNK_SPREAD_MS)
-    return clock.slot_start(timezone.now(), grid)
+    return clock.slot_start(timezone.now(), clock.spread())
 
 
 def claim_batch(limit, lookahead=None):

@@ -571,7 +571,7 @@ def test_without_a_spread_a_burst_at_one_future_instant_is_one_window(settings):
     settings.PAYMENT_LOOKAHEAD_SECONDS = 1.0
     now = timezone.now()
     due = now + timedelta(milliseconds=300)
-    flow = flow_of((0,) * 3, (1, 2, 3, 4), lambda ms: due)  # 12 claims: three full chunks
+    flow = flow_of((0, 1, 2), (1, 2, 3, 4), lambda ms: due)  # 12 at one instant: 3 full chunks
     assert [(p, eta, len(ids)) for p, eta, ids in cut(flow, now)] == [
         ((1,), due, 3),
         ((2,), due, 3),
