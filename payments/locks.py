@@ -52,7 +52,7 @@ SELECT clock_timestamp(), {columns}
   FROM "payments_payment"
  WHERE id = ANY(%b::uuid[])
  ORDER BY id
-   FOR NO KEY UPDATE
+   FOR NO KEY UPDATE{skip}
 """
 # status as a literal, so the partial index on QUEUED (partition, due_at) is
 # provably usable whatever plan the statement gets
@@ -71,7 +71,9 @@ SELECT {columns}
 """
 
 
-def lock_chunk(payment_ids: Iterable[str]) -> tuple[datetime, list[Payment]]:
+def lock_chunk(
+    payment_ids: Iterable[str], *, skip_locked: bool = False
+) -> tuple[datetime, list[Payment]]:
     """The database clock, and a chunk's payments locked in id order (the
     executor); missing ids are left out.
 
@@ -80,6 +82,11 @@ def lock_chunk(payment_ids: Iterable[str]) -> tuple[datetime, list[Payment]]:
     the first row's ``clock_timestamp()`` (read by itself when no row is
     found), taken as the rows are locked — any reading within the
     transaction serves, since a payment runs only if due by it.
+
+    ``skip_locked``: a row another transaction holds (usually another
+    worker's collapse, which took it in) is left out like a missing one
+    instead of waited for; ``queued_in_flight`` tells the two apart. SQLite
+    has one writer at a time and nothing to skip.
     """
     ids = list(payment_ids)
     if connection.vendor != "postgresql":
@@ -91,13 +98,25 @@ def lock_chunk(payment_ids: Iterable[str]) -> tuple[datetime, list[Payment]]:
             .order_by("pk")
         )
     columns = _executor_columns()
-    sql = _LOCK_CHUNK_SQL.format(columns=select_list(Payment, columns))
+    sql = _LOCK_CHUNK_SQL.format(
+        columns=select_list(Payment, columns), skip=" SKIP LOCKED" if skip_locked else ""
+    )
     with binary_cursor(binary_results=True) as cursor:
         cursor.execute(sql, [ids])
         rows = cursor.fetchall()
     if not rows:
         return db_now(), []
     return rows[0][0], instances(Payment, columns, (row[1:] for row in rows))
+
+
+def queued_in_flight(payment_ids: Collection[str]) -> dict[str, tuple[int, int]]:
+    """Of ``payment_ids``, those still QUEUED as the last commit left them:
+    id → (fence, partition). No lock: read for the ids ``lock_chunk`` skipped,
+    a row held by a transaction not yet committed shows its state before it."""
+    rows = Payment.objects.filter(
+        pk__in=list(payment_ids), status=PaymentStatus.QUEUED
+    ).values_list("pk", "fence", "partition")
+    return {str(pk): (fence, partition) for pk, fence, partition in rows}
 
 
 def lock_due_queued(

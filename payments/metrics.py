@@ -20,6 +20,10 @@ cancelled = Counter("payments_cancelled_total", "Payments cancelled", ["actor"])
 stale_deliveries = Counter(
     "payments_stale_deliveries_total", "Chunk items skipped: old fence or no longer QUEUED"
 )
+busy_items = Counter(
+    "payments_chunk_items_busy_total",
+    "Chunk items another transaction held, handed back after PAYMENT_BUSY_RETRY_MS",
+)
 lateness = Histogram(
     "payments_lateness_seconds",
     "executed_at - scheduled time of completed payments",
@@ -89,6 +93,8 @@ def record_chunk(result) -> None:
         lateness.observe(max(seconds, 0.0))
     if result.stale:
         stale_deliveries.inc(len(result.stale))
+    if result.busy:
+        busy_items.inc(len(result.busy))
     if result.collapsed:
         collapsed.inc(len(result.collapsed))
     if result.partitions_not_collapsed:

@@ -75,6 +75,21 @@ def republish_not_due(items: list[tuple[str, int, datetime]]) -> None:
         )
 
 
+def republish_busy(items: list[tuple[str, int, int]]) -> None:
+    """Hand back what another transaction held (``ChunkResult.busy``): one
+    message per partition, after ``PAYMENT_BUSY_RETRY_MS``; same fences."""
+    by_partition: dict[int, list[list]] = {}
+    for pid, fence, partition in items:
+        by_partition.setdefault(partition, []).append([pid, fence])
+    for partition, part in by_partition.items():
+        execute_chunk.apply_async(
+            args=[part],
+            kwargs={"partitions": [partition]},
+            queue=routing.queue_name(partition),
+            countdown=settings.PAYMENT_BUSY_RETRY_MS / 1000,
+        )
+
+
 DISPATCH_BATCH = 500
 
 
@@ -115,10 +130,13 @@ def execute_chunk(self, items: list[list], partitions: list[int] | None = None) 
         # Arrived early (publisher or worker clock ahead of the database):
         # re-publish with the remaining time; same fence, still QUEUED.
         republish_not_due(result.not_due)
+    if result.busy:
+        republish_busy(result.busy)
     return {
         "completed": len(result.completed),
         "failed": len(result.failed),
         "stale": len(result.stale),
+        "busy": len(result.busy),
     }
 
 

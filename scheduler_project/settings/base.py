@@ -538,6 +538,12 @@ PAYMENT_COLLAPSE_LIMIT = env.int("PAYMENT_COLLAPSE_LIMIT", default=600)
 # 0.20/0.39 s against 0.15/0.29 s; at 2,000/s p50/p99 0.20/0.55 s
 # (bench/results/2026-11-29-s32-spread400/, …-s32-base/).
 PAYMENT_CHUNK_SPREAD_MS = env.int("PAYMENT_CHUNK_SPREAD_MS", default=400)
+# A sweeper's message whose payments another transaction holds (usually the
+# other worker's collapse, which took them in) does not wait for it: it hands
+# them back to run again after this long (engine.executor, step 1) — they are
+# usually done by then; if the holder rolled back they run then, not after
+# the lease. A holder's batch takes tens of milliseconds.
+PAYMENT_BUSY_RETRY_MS = env.int("PAYMENT_BUSY_RETRY_MS", default=250)
 # How long a QUEUED payment may wait for a worker before the reaper returns it
 # to PENDING with a new fence (worker died, message lost, Redis flushed).
 PAYMENT_LEASE_SECONDS = env.int("PAYMENT_LEASE_SECONDS", default=60)

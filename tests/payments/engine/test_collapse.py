@@ -154,7 +154,7 @@ def test_a_retried_chunk_runs_only_its_own_items(monkeypatch, settings):
     monkeypatch.setattr(executor, "execute_chunk", flaky)
     monkeypatch.setattr(tasks, "backoff_seconds", lambda retries: 0)
     result = tasks.execute_chunk.apply(args=[[["a", 1], ["b", 1]]], kwargs={"partitions": [3, 5]})
-    assert result.result == {"completed": 2, "failed": 0, "stale": 0}
+    assert result.result == {"completed": 2, "failed": 0, "stale": 0, "busy": 0}
     assert calls == [(3, 5), ()]
 
 
@@ -273,7 +273,7 @@ def test_a_batch_that_dies_midway_leaves_every_payment_queued_for_the_next(alice
 def test_the_task_passes_its_partition_to_the_executor(alice, monkeypatch):
     messages, partition = claimed(alice, 3, monkeypatch)
     outcome = tasks.execute_chunk([list(messages[0][0])], partitions=[partition])
-    assert outcome == {"completed": 3, "failed": 0, "stale": 0}
+    assert outcome == {"completed": 3, "failed": 0, "stale": 0, "busy": 0}
 
 
 @pytest.mark.postgres
@@ -391,7 +391,7 @@ def test_a_poison_payment_breaks_one_collapsed_batch_not_every_batch_of_its_part
     retried_before = retries(error)
 
     first = tasks.execute_chunk.apply(args=[messages[0]], kwargs={"partitions": [partition]})
-    assert first.result == {"completed": 1, "failed": 0, "stale": 0}  # its own, alone
+    assert first.result == {"completed": 1, "failed": 0, "stale": 0, "busy": 0}  # its own, alone
     assert len(broken) == 1
     assert sorted(executor.quarantine.ids()) == sorted(ids[1:])
     assert (  # what the operator reads
@@ -401,7 +401,7 @@ def test_a_poison_payment_breaks_one_collapsed_batch_not_every_batch_of_its_part
 
     for message in messages[2:]:
         later = tasks.execute_chunk.apply(args=[message], kwargs={"partitions": [partition]})
-        assert later.result == {"completed": 1, "failed": 0, "stale": 0}
+        assert later.result == {"completed": 1, "failed": 0, "stale": 0, "busy": 0}
     assert len(broken) == 1  # the poison was not taken in again
     assert set(Payment.objects.exclude(pk=bad).values_list("status", flat=True)) == {"COMPLETED"}
     assert retries(error) - retried_before == 1  # the first batch's, and no other

@@ -493,7 +493,7 @@ def test_no_stale_log_without_stale_items(alice, monkeypatch, caplog):
 def test_task_reports_counts_and_hands_back_early_items(chunk, monkeypatch):
     published = capture_publish(monkeypatch)
     report = tasks.execute_chunk([list(item) for item in chunk["items"]])
-    assert report == {"completed": 2, "failed": 1, "stale": 2}
+    assert report == {"completed": 2, "failed": 1, "stale": 2, "busy": 0}
     early = Payment.objects.get(pk=chunk["early"])
     assert published.items() == [(chunk["early"], early.fence)]
 

@@ -685,7 +685,7 @@ def test_an_early_delivery_is_sent_back_to_its_queue_with_the_remaining_time(
     _, first = sweep(monkeypatch)
     again = capture_publish(monkeypatch)
     outcome = tasks.execute_chunk([[pid, 1]])
-    assert outcome == {"completed": 0, "failed": 0, "stale": 0}
+    assert outcome == {"completed": 0, "failed": 0, "stale": 0, "busy": 0}
     ((queue, items, countdown),) = again
     assert (queue, items) == (queue_of(alice), [[pid, 1]]) and 0 < countdown <= 1.5
     assert Payment.objects.get(pk=pid).status == "QUEUED"
