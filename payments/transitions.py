@@ -175,7 +175,7 @@ def schedule(
     the executor writes, not ``Model.save``, which compiles its INSERT through
     the ORM on every call; with the request's account read as SQL of its own
     (``ledger.services.read_accounts_with_clock``) a schedule request costs
-    15-18 % less CPU in process (README, session 20). The payment comes back
+    15-18 % less CPU in process (docs/performance-history.md, session 20). The payment comes back
     as ``save`` leaves it (in the database); the event is not read back.
     Nothing listens to these models' save signals."""
     payment = new_payment(batch, **fields)

@@ -71,11 +71,12 @@ class Channel(kombu_redis.Channel):
         unacknowledged index's append and the ack of every message a worker
         takes, every publish. Building one copies redis-py's table of reply
         callbacks, 116 µs on session 24's host — two per consumed message, ~7 %
-        of a payment worker's main process per message (README, session 24).
-        A client holds no connection of its own (each command takes one from
-        the pool and gives it back), so one per pool serves every caller; a
-        pool dropped on a connection loss (``_disconnect_pools``) gets a new
-        client with the new pool.
+        of a payment worker's main process per message
+        (docs/performance-history.md, session 24). A client holds no
+        connection of its own (each command takes one from the pool and gives
+        it back), so one per pool serves every caller; a pool dropped on a
+        connection loss (``_disconnect_pools``) gets a new client with the new
+        pool.
         """
         if client:
             yield client

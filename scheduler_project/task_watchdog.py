@@ -35,8 +35,8 @@ task's next limit, and never longer than the shorter limit (a task that starts
 while it sleeps reaches its own limits after it wakes): with no task running
 for long, it wakes once every 90 s, not once a second. Every wake is CPU the
 process is charged for whatever its load; on the benchmark's VMs a wake after a
-sleep was charged 0.1-2 ms (README, session 31), so the once-a-second tick was
-~3 ms/s of each idle payment worker's CPU.
+sleep was charged 0.1-2 ms (docs/performance-history.md, session 31), so the
+once-a-second tick was ~3 ms/s of each idle payment worker's CPU.
 """
 
 from __future__ import annotations

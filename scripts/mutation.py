@@ -221,9 +221,9 @@ def moved_rows(
     """Listed rows that no longer name the mutation they were checked against:
     name → what is wrong. A function's change renumbers its mutants, and a row
     keyed by number alone would go on excusing whatever mutant took its
-    number — a real gap, once (README, session 16). ``current`` (module →
-    ``mutations(module)``) is filled as the modules are made, for a caller
-    that shows them too."""
+    number — a real gap, once (README: Tests > Mutation testing, session 16).
+    ``current`` (module → ``mutations(module)``) is filled as the modules are
+    made, for a caller that shows them too."""
     rows = listed_rows() if rows is None else rows
     current = {} if current is None else current
     by_module: dict[str, list[str]] = {}

@@ -102,12 +102,13 @@ def server_settings(**wanted: str):
     A production server runs autovacuum (the postgres image docker-compose
     starts does), but the CI server this box shares turns it off
     (``conf.d/90-ci.conf``), and with it off the payments table's dead row
-    versions pile up inside a capacity step (README, session 24). The server's
-    default ``max_wal_size`` (1GB) makes a checkpoint every ~20 s at 2,000
-    payments/s ("checkpoints are occurring too frequently", PostgreSQL's log),
-    and after each one the first change to every page writes the whole page to
-    the WAL again (README, session 27); docker-compose's server runs with the
-    run's 8GB.
+    versions pile up inside a capacity step (docs/performance-history.md,
+    session 24). The server's default ``max_wal_size`` (1GB) makes a checkpoint
+    every ~20 s at 2,000 payments/s ("checkpoints are occurring too
+    frequently", PostgreSQL's log), and after each one the first change to
+    every page writes the whole page to the WAL again
+    (docs/performance-history.md, session 27); docker-compose's server runs
+    with the run's 8GB.
     """
     import psycopg
 

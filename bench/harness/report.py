@@ -55,8 +55,9 @@ def git_revision() -> str:
 def cpu_probe_ms() -> float:
     """CPU milliseconds a fixed pure-Python workload takes, the least of 5 tries:
     the host's speed at that moment. Hosts of the same kind drifted by a third
-    within one session (README, session 16), so a run records it before and
-    after each scenario, and a ratio is only read across a steady probe."""
+    within one session (docs/performance-history.md, session 16), so a run
+    records it before and after each scenario, and a ratio is only read across
+    a steady probe."""
     best = float("inf")
     for _ in range(5):
         started = time.process_time()
@@ -76,10 +77,10 @@ def wake_charge_us(sleep: float = WAKE_PROBE_SLEEP, tries: int = 5) -> float:
     a process at a low rate pays on every message and an idle one on every
     timer. Expected to be a few µs on bare metal (not measured here); on this
     project's benchmark VMs (Firecracker) one host read 0.1-0.45 ms in one run
-    and 0.7-2.1 ms in a loop of its own an hour earlier, cause unknown (README,
-    session 31). The 100/s step's worker CPU carries it on every wake; the
-    drain's, whose processes seldom sleep, hardly at all — so a run records
-    it beside the speed probe."""
+    and 0.7-2.1 ms in a loop of its own an hour earlier, cause unknown
+    (docs/performance-history.md, session 31). The 100/s step's worker CPU
+    carries it on every wake; the drain's, whose processes seldom sleep,
+    hardly at all — so a run records it beside the speed probe."""
     charged = []
     for _ in range(tries):
         started = time.thread_time()

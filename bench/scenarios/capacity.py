@@ -96,7 +96,8 @@ ACCOUNTS = 500  # sources and as many targets (steady's shape)
 WARM_UP = 1.2  # run_load sends 1 s of warm-up schedules, then starts 0.2 s later
 WARM_UP_SECONDS = 5.0  # of API load before the first step (its payments run before it)
 # the payment workers watched with no load before the first step: what they are
-# charged for their timers and wakes alone (README, session 31)
+# charged for their timers and wakes alone (docs/performance-history.md,
+# session 31)
 IDLE_SECONDS = 30.0
 
 

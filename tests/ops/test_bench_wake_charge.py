@@ -1,6 +1,7 @@
 """The benchmark's wake probe (``bench.harness.report.wake_charge_us``): the CPU the
 OS charges a thread for one sleep and wake, recorded beside the speed probe so a
-low-rate step's worker CPU is read against it (README, session 31)."""
+low-rate step's worker CPU is read against it (docs/performance-history.md,
+session 31)."""
 
 from __future__ import annotations
 
