@@ -6,7 +6,9 @@ id order and their holds (``ledger.services.LedgerBatch``). A transaction
 takes them in that order or not at all, so two of them cannot deadlock.
 The executor may add more payment rows after its chunk's own
 (``lock_due_queued``), but only with ``SKIP LOCKED``: a lock it never waits
-for cannot close a cycle.
+for cannot close a cycle. A message with partitions locks even its own rows
+with ``SKIP LOCKED`` (``lock_chunk(skip_locked=True)``) and hands back those
+another transaction holds.
 
 ``FOR NO KEY UPDATE`` everywhere: it does not conflict with the ``FOR KEY
 SHARE`` locks that inserts of referencing rows (events, attempts, postings)

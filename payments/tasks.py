@@ -75,19 +75,42 @@ def republish_not_due(items: list[tuple[str, int, datetime]]) -> None:
         )
 
 
-def republish_busy(items: list[tuple[str, int, int]]) -> None:
+# A message handed back this many times goes out once more without its
+# partitions: that delivery waits for the rows, as a retry does (bounded by
+# PAYMENT_BATCH_TIMEOUT_SECONDS), so no holder (a stuck session, an admin's
+# open transaction) can keep it circling.
+BUSY_HOPS = 3
+
+
+def republish_busy(items: list[tuple[str, int, int]], hops: int = 0) -> None:
     """Hand back what another transaction held (``ChunkResult.busy``): one
-    message per partition, after ``PAYMENT_BUSY_RETRY_MS``; same fences."""
+    message per partition, same fences, after ``PAYMENT_BUSY_RETRY_MS`` doubled
+    for each earlier hand-back (``hops``); after ``BUSY_HOPS`` one that waits."""
     by_partition: dict[int, list[list]] = {}
     for pid, fence, partition in items:
         by_partition.setdefault(partition, []).append([pid, fence])
     for partition, part in by_partition.items():
         execute_chunk.apply_async(
             args=[part],
-            kwargs={"partitions": [partition]},
+            kwargs={} if hops >= BUSY_HOPS else {"partitions": [partition], "hops": hops + 1},
             queue=routing.queue_name(partition),
-            countdown=settings.PAYMENT_BUSY_RETRY_MS / 1000,
+            countdown=settings.PAYMENT_BUSY_RETRY_MS * 2**hops / 1000,
         )
+
+
+def _hand_back(busy: list[tuple[str, int, int]], hops: int) -> None:
+    try:
+        republish_busy(busy, hops)
+    except Exception:  # the broker: wait for the rows here, as a retry would
+        logger.warning(
+            "could not hand back %s payments another transaction held; running them here",
+            len(busy),
+            exc_info=True,
+        )
+        try:
+            executor.execute_chunk([(pid, fence) for pid, fence, _ in busy])
+        except Exception:
+            logger.exception("%s handed-back payments left to the lease reaper", len(busy))
 
 
 DISPATCH_BATCH = 500
@@ -117,21 +140,24 @@ def publish_webhook_events(sender, event_ids: list[str], **kwargs) -> None:
     max_retries=None,
     ignore_result=True,
 )
-def execute_chunk(self, items: list[list], partitions: list[int] | None = None) -> dict:
+def execute_chunk(
+    self, items: list[list], partitions: list[int] | None = None, hops: int = 0
+) -> dict:
     """Run a chunk and, with ``partitions`` (every message the sweeper sends),
-    whatever else of those partitions is due and QUEUED (``engine.executor``)."""
+    whatever else of those partitions is due and QUEUED (``engine.executor``);
+    ``hops``: how many times its items were handed back (``republish_busy``)."""
     try:
         result = executor.execute_chunk(
             [(pid, fence) for pid, fence in items], partitions=partitions or ()
         )
     except Exception as exc:  # every failure is retried, split or left to the reaper
         return _chunk_failed(self, items, exc)
+    if result.busy:
+        _hand_back(result.busy, hops)
     if result.not_due:
         # Arrived early (publisher or worker clock ahead of the database):
         # re-publish with the remaining time; same fence, still QUEUED.
         republish_not_due(result.not_due)
-    if result.busy:
-        republish_busy(result.busy)
     return {
         "completed": len(result.completed),
         "failed": len(result.failed),

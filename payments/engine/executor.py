@@ -6,16 +6,19 @@ For a chunk of ``(payment id, fence)`` pairs (and the partitions it holds):
 
 1. lock the payment rows (id order); keep those still QUEUED *with the same
    fence* — anything else is a stale or duplicate delivery (or a payment an
-   earlier batch already ran, see 3): recorded, skipped. A sweeper's message
-   does not wait for a row another transaction holds (``SKIP LOCKED``):
-   usually the other worker's collapse took it in and will have run it by
-   the time this batch could. Those still QUEUED with this message's fence
-   as last committed are handed back (``busy``) to be re-published after
-   ``PAYMENT_BUSY_RETRY_MS``: if the holder committed, the next delivery
-   finds them done; if it rolled back, it runs them — they never wait for
-   the reaper's lease. Waiting instead cost the waiting worker the whole of
-   the other's batch, near capacity a sixth of the lock waits (bench,
-   session 34);
+   earlier batch already ran, see 3): recorded, skipped. A message with
+   ``partitions`` (the sweeper's, and their hand-backs) does not wait for a
+   row another transaction holds (``SKIP LOCKED``): usually the other
+   worker's collapse took it in and will have run it by the time this batch
+   could. Those still QUEUED with this message's fence as last committed
+   are handed back (``busy``; ``tasks.republish_busy``, after
+   ``PAYMENT_BUSY_RETRY_MS``, doubled each time, and after three hand-backs
+   as a message that waits): the next delivery finds them done if the
+   holder ran them, and runs them if it did not (rolled back, or changed
+   something else) — not left for the reaper's lease. Waiting instead cost
+   the waiting worker the whole of the other's batch, near capacity a sixth
+   of the lock waits (bench, session 34). Without ``partitions`` (the
+   operator's execute-now, a retry, a split half) it waits;
 2. any not yet due by the database clock are left QUEUED and handed back to
    be re-published with a countdown (a payment never runs early);
 3. **collapse**: add to the batch up to ``PAYMENT_COLLAPSE_LIMIT`` (600)
@@ -296,6 +299,8 @@ def _execute(items, partitions, worker, taken, *, lock_accounts_last: bool) -> C
         transaction.on_commit(lambda: _after_commit(result))
     if result.stale:
         logger.info("skipped %s stale deliveries", len(result.stale), extra={"stale": result.stale})
+    if result.busy:
+        logger.info("%s payments held by another transaction, handed back", len(result.busy))
     return result
 
 

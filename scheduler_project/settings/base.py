@@ -540,9 +540,11 @@ PAYMENT_COLLAPSE_LIMIT = env.int("PAYMENT_COLLAPSE_LIMIT", default=600)
 PAYMENT_CHUNK_SPREAD_MS = env.int("PAYMENT_CHUNK_SPREAD_MS", default=400)
 # A sweeper's message whose payments another transaction holds (usually the
 # other worker's collapse, which took them in) does not wait for it: it hands
-# them back to run again after this long (engine.executor, step 1) — they are
-# usually done by then; if the holder rolled back they run then, not after
-# the lease. A holder's batch takes tens of milliseconds.
+# them back to run again after this long (engine.executor, step 1), doubled at
+# each further hand-back; the fourth goes out as a message that waits for the
+# rows (tasks.BUSY_HOPS). They are usually done by then; if the holder rolled
+# back they run then, not after the lease. A batch holds its rows for tens to
+# a few hundred milliseconds.
 PAYMENT_BUSY_RETRY_MS = env.int("PAYMENT_BUSY_RETRY_MS", default=250)
 # How long a QUEUED payment may wait for a worker before the reaper returns it
 # to PENDING with a new fence (worker died, message lost, Redis flushed).

@@ -24,11 +24,13 @@ def make_due(*payment_ids, seconds_ago=1):
 
 class Published(list):
     """Messages the sweeper would have sent: (queue, items, countdown); the
-    ``partitions`` argument of each is in ``partitions``, in the same order."""
+    ``partitions`` argument of each is in ``partitions``, and all its keyword
+    arguments in ``kwargs``, in the same order."""
 
     def __init__(self):
         super().__init__()
         self.partitions = []
+        self.kwargs = []
 
     def items(self):
         return [tuple(item) for _, items, _ in self for item in items]
@@ -58,6 +60,7 @@ def capture_publish(monkeypatch) -> Published:
     def fake_apply_async(args, queue, countdown=None, kwargs=None, **options):
         published.append((queue, args[0], countdown))
         published.partitions.append((kwargs or {}).get("partitions"))
+        published.kwargs.append(kwargs or {})
 
     monkeypatch.setattr(tasks.execute_chunk, "apply_async", fake_apply_async)
     return published

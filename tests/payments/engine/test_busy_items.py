@@ -29,6 +29,13 @@ from tests.payments.helpers import bulk_schedule, capture_publish, claim_batch
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 
+@pytest.fixture(autouse=True)
+def short_batches(settings):
+    """A delivery that waited for a held row instead of skipping it would hang
+    until the batch's time limit in PostgreSQL: make that seconds, not 30."""
+    settings.PAYMENT_BATCH_TIMEOUT_SECONDS = 5
+
+
 class Rollback(Exception):
     pass
 
@@ -170,4 +177,37 @@ def test_the_task_hands_busy_items_back_to_their_partition_after_the_retry_delay
     assert answer == {"completed": 0, "failed": 0, "stale": 0, "busy": 2}
     queue = tasks.routing.queue_name(partition)
     assert list(published) == [(queue, [[b, fences[b]], [c, fences[c]]], 0.3)]
-    assert published.partitions == [[partition]]
+    assert published.kwargs == [{"partitions": [partition], "hops": 1}]
+
+
+def test_a_hand_back_goes_to_each_partition_s_queue_later_each_time_then_waits(
+    monkeypatch, settings
+):
+    """One message per partition; the delay doubles with each hand-back; after
+    ``BUSY_HOPS`` the message carries no partitions, so its delivery waits for
+    the rows (bounded by the batch's time limit) instead of circling."""
+    settings.PAYMENT_BUSY_RETRY_MS = 250
+    published = capture_publish(monkeypatch)
+    items = [("p1", 4, 3), ("p2", 5, 7), ("p3", 6, 3)]
+    tasks.republish_busy(items, hops=2)
+    q3, q7 = tasks.routing.queue_name(3), tasks.routing.queue_name(7)
+    assert list(published) == [(q3, [["p1", 4], ["p3", 6]], 1.0), (q7, [["p2", 5]], 1.0)]
+    assert published.kwargs == [{"partitions": [3], "hops": 3}, {"partitions": [7], "hops": 3}]
+    published.clear()
+    published.kwargs.clear()
+    tasks.republish_busy(items[:1], hops=tasks.BUSY_HOPS)
+    assert list(published) == [(q3, [["p1", 4]], 2.0)]
+    assert published.kwargs == [{}]
+
+
+def test_a_hand_back_the_broker_refuses_runs_here_waiting_for_the_rows(claimed, monkeypatch):
+    ids, fences, partition = claimed
+    b = ids[1]
+
+    def refuse(*args, **kwargs):
+        raise ConnectionError("broker down")
+
+    monkeypatch.setattr(tasks.execute_chunk, "apply_async", refuse)
+    tasks._hand_back([(b, fences[b], partition)], 0)
+    assert Payment.objects.get(pk=b).status == "COMPLETED"
+    assert entries(b) == 1
