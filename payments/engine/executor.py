@@ -313,16 +313,14 @@ def _statements(fences, partitions, worker, taken, lock_accounts_last) -> ChunkR
     now, payments = locks.lock_chunk(fences, skip_locked=bool(partitions))
     found = {str(p.pk) for p in payments}
     missing = [pid for pid in fences if pid not in found]
-    if missing and partitions:
-        queued = locks.queued_in_flight(missing)
-        for pid in missing:
-            fence, partition = queued.get(pid, (None, None))
-            if fence == fences[pid]:
-                result.busy.append((pid, fence, partition))
-            else:
-                result.stale.append(pid)
-    else:
-        result.stale.extend(missing)
+    # held by another transaction, or no such row (waiting: only the latter)
+    queued = locks.queued_in_flight(missing) if missing else {}
+    for pid in missing:
+        fence, partition = queued.get(pid, (None, None))
+        if fence == fences[pid]:
+            result.busy.append((pid, fence, partition))
+        else:
+            result.stale.append(pid)
     attempts: list[PaymentAttempt] = []
     events: list[PaymentEvent] = []
     due: list[Payment] = []

@@ -34,7 +34,7 @@ from payments.metrics import record_chunk
 for size in map(int, sys.argv[1:]):
     record_chunk(SimpleNamespace(
         completed=["p"] * size, failed=[], failure_codes=[], lateness_seconds=[],
-        stale=["s"], collapsed=[], partitions_not_collapsed=0,
+        stale=["s"], busy=[], collapsed=[], partitions_not_collapsed=0,
     ))
 """
 

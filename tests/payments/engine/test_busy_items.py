@@ -63,7 +63,8 @@ def entries(pid):
     return JournalEntry.objects.filter(reference=f"payment:{pid}").count()
 
 
-def test_a_payment_another_batch_took_in_is_handed_back_and_then_found_done(claimed):
+def test_a_payment_another_batch_took_in_is_handed_back_and_then_found_done(claimed, caplog):
+    caplog.set_level("INFO", logger="payments.engine.executor")
     ids, fences, partition = claimed
     a, b = ids[0], ids[1]
     with transaction.atomic():
@@ -74,6 +75,7 @@ def test_a_payment_another_batch_took_in_is_handed_back_and_then_found_done(clai
         second = elsewhere(lambda: executor.execute_chunk([(b, fences[b])], partitions=[partition]))
     assert second.busy == [(b, fences[b], partition)]
     assert (second.stale, second.completed, second.collapsed) == ([], [], [])
+    assert "1 payments held by another transaction, handed back" in caplog.messages
     # handed back and delivered again after the holder committed: found done
     again = executor.execute_chunk([(b, fences[b])], partitions=[partition])
     assert (again.stale, again.busy, again.completed) == ([b], [], [])
