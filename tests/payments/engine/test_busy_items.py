@@ -14,11 +14,11 @@ reaper's lease. The operator's execute-now and a retried chunk (no
 import threading
 
 import pytest
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 
 from ledger.models import JournalEntry
 from ledger.reconciliation import reconcile
-from payments import tasks
+from payments import locks, tasks
 from payments.clock import db_now
 from payments.engine import executor
 from payments.models import Payment
@@ -213,3 +213,33 @@ def test_a_hand_back_the_broker_refuses_runs_here_waiting_for_the_rows(claimed, 
     tasks._hand_back([(b, fences[b], partition)], 0)
     assert Payment.objects.get(pk=b).status == "COMPLETED"
     assert entries(b) == 1
+
+
+def test_lock_chunk_waits_for_a_held_row_unless_told_to_skip(claimed):
+    """``locks.lock_chunk`` on its own: by default it waits (here until a lock
+    timeout), with ``skip_locked`` it leaves the held row out at once."""
+    ids, _, _ = claimed
+    b = ids[1]
+
+    def lock(**options):
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL lock_timeout = '300ms'")
+            try:
+                return [str(p.pk) for p in locks.lock_chunk([b], **options)[1]]
+            except OperationalError as exc:
+                return type(exc.__cause__).__name__
+
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1 FROM payments_payment WHERE id = %s FOR NO KEY UPDATE", [b])
+        assert elsewhere(lock) == "LockNotAvailable"
+        assert elsewhere(lambda: lock(skip_locked=True)) == []
+    assert elsewhere(lock) == [b]
+
+
+def test_queued_in_flight_answers_for_the_ids_asked_only(claimed):
+    ids, fences, partition = claimed
+    _, b, c = ids  # all three QUEUED
+    Payment.objects.filter(pk=c).update(status="PENDING")  # the reaper gave it back
+    assert locks.queued_in_flight([b, c]) == {b: (fences[b], partition)}  # not the first, not c
