@@ -29,8 +29,11 @@ class Published(list):
 
     def __init__(self):
         super().__init__()
-        self.partitions = []
         self.kwargs = []
+
+    @property
+    def partitions(self):
+        return [kwargs.get("partitions") for kwargs in self.kwargs]
 
     def items(self):
         return [tuple(item) for _, items, _ in self for item in items]
@@ -59,7 +62,6 @@ def capture_publish(monkeypatch) -> Published:
 
     def fake_apply_async(args, queue, countdown=None, kwargs=None, **options):
         published.append((queue, args[0], countdown))
-        published.partitions.append((kwargs or {}).get("partitions"))
         published.kwargs.append(kwargs or {})
 
     monkeypatch.setattr(tasks.execute_chunk, "apply_async", fake_apply_async)
