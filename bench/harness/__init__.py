@@ -7,6 +7,7 @@
 - ``api_load``   API clients and open-loop HTTP request streams;
 - ``clock``      the database clock (due times, lateness);
 - ``metrics``    process-tree CPU and RSS, PostgreSQL backend CPU, percentiles;
+- ``lockwaits``  lock waits sampled from ``pg_stat_activity`` over a window;
 - ``checks``     exactly-once counts against the ledger;
 - ``report``     ``bench/results/<date>-<name>/`` and Markdown; ``charts`` its PNGs;
 - ``app``        every name bench takes from the service's apps, in one place;

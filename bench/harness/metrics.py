@@ -138,15 +138,34 @@ def postgres_cpu_since(before: PostgresCpu) -> float:
 
 
 # ---------------------------------------------------------------- Prometheus
-def _histogram_samples(path: str, name: str) -> list:
-    """The samples of the histogram ``name`` summed over every process that wrote
-    to the multiprocess directory ``path`` (the service's
-    ``PROMETHEUS_MULTIPROC_DIR``); empty when no process has exported it."""
+def _samples(path: str, names: set[str]) -> list:
+    """The samples of the metrics ``names`` (as their families are named: a
+    counter without ``_total``) summed over every process that wrote to the
+    multiprocess directory ``path`` (the service's ``PROMETHEUS_MULTIPROC_DIR``);
+    empty when no process has exported them."""
     from prometheus_client import CollectorRegistry, multiprocess
 
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry, path=path)
-    return [s for family in registry.collect() if family.name == name for s in family.samples]
+    return [s for family in registry.collect() if family.name in names for s in family.samples]
+
+
+def _histogram_samples(path: str, name: str) -> list:
+    """The samples of the histogram ``name`` (``_samples``)."""
+    return _samples(path, {name})
+
+
+def multiprocess_counters(path: str, names: list[str]) -> dict[str, float]:
+    """Each counter of ``names`` (``payments_collapsed_total``, say) summed over
+    every process and label value that wrote to ``path``; 0.0 for one that no
+    process has incremented (a labelless counter is exported from its creation,
+    so a misspelt name reads 0.0 too: the tests read them as the service writes
+    them)."""
+    totals = dict.fromkeys(names, 0.0)
+    for sample in _samples(path, {name.removesuffix("_total") for name in names}):
+        if sample.name in totals:
+            totals[sample.name] += sample.value
+    return totals
 
 
 def multiprocess_histogram(path: str, name: str) -> dict[float, float] | None:

@@ -294,6 +294,21 @@ def _batches(step: dict) -> str:
     )
 
 
+def _contention(step: dict) -> str:
+    """Lock-wait share of the window's active backends (the statement waiting
+    most, its share of the waits); stale / collapsed / busy chunk items."""
+    contention = step.get("contention")
+    if not contention:
+        return "-"
+    waits, items = contention["lock_waits"], contention["items"]
+    share = waits.get("lock_wait_share")
+    text = "-" if share is None else f"{share * 100:.1f} %"
+    if waits.get("top_waiters"):
+        statement, part = waits["top_waiters"][0]
+        text += f" (`{statement[:40]}` {part * 100:.0f} %)"
+    return f"{text}; {items['stale']:,} / {items['collapsed']:,} / {items['busy']:,}"
+
+
 def _sweep_bound(step: dict) -> str:
     sweeps = step.get("sweep_interval")
     if not sweeps:
@@ -350,12 +365,13 @@ def capacity_markdown(cap: dict) -> list[str]:
         "| status p95 (ms) | worker ms/payment | PostgreSQL ms/payment | executed (API's) "
         "| open at window end / at timeout | sweep interval p99 "
         "| batches (payments each, worker ms each) "
+        "| lock waits (top waiter); items stale / collapsed / busy "
         "| host CPU busy (web, load client, other, s) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for step in cap["ours"]:
         if step.get("skipped"):
-            lines.append(f"| {fmt(step['rate_per_second'])} | skipped |" + " |" * 11)
+            lines.append(f"| {fmt(step['rate_per_second'])} | skipped |" + " |" * 12)
             continue
         lat, cpu = step["lateness_seconds"], step["cpu"]
         lines.append(
@@ -366,7 +382,8 @@ def capacity_markdown(cap: dict) -> list[str]:
             f"| {fmt(cpu['worker_ms_per_payment'])} | {fmt(cpu['postgres_ms_per_payment'])} "
             f"| {step['executed']:,} ({step['executed_api']:,}) "
             f"| {step['open_at_window_end']:,} / {step['still_open_at_timeout']:,} "
-            f"| {_sweep_bound(step)} | {_batches(step)} | {_host_busy(cpu)} |"
+            f"| {_sweep_bound(step)} | {_batches(step)} | {_contention(step)} "
+            f"| {_host_busy(cpu)} |"
         )
     lines += [
         "",

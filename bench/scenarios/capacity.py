@@ -37,7 +37,12 @@ multiprocess directory at T0 and at the step's end; null when the service
 does not export it; and the executor's batches in the window (from
 ``payments_executor_batch_size``: how many transactions ran payments, their
 mean size, and the worker CPU per batch — what separates a step's cost per
-payment from the drain's).
+payment from the drain's); and the window's contention: lock waits sampled
+from ``pg_stat_activity`` four times a second (``bench.harness.lockwaits``:
+the share of active backends waiting on a row lock, and the statements
+waiting most) and the chunk items the executor did not run in their own
+message (stale, collapsed into another batch, or busy — held by another
+transaction and handed back), from its counters.
 
 Capacity at SLO: the highest step with p99 ≤ 1 s and p50 ≤ 250 ms; after
 two failing steps the higher ones are skipped (ours and the peer's apart).
@@ -59,10 +64,12 @@ from bench.harness.checks import exactly_once_check, wait_terminal
 from bench.harness.clock import clock_timestamp, db_now, set_due_at
 from bench.harness.db import prepare
 from bench.harness.load import bulk_schedule, fund_accounts
+from bench.harness.lockwaits import LockWaitSampler
 from bench.harness.metrics import (
     histogram_quantile_bound,
     host_busy_seconds,
     ms_each,
+    multiprocess_counters,
     multiprocess_histogram,
     multiprocess_histogram_totals,
     own_cpu_seconds,
@@ -91,6 +98,14 @@ SWEEP_INTERVAL_METRIC = "payments_sweep_interval_seconds"
 # even while the interval histogram is not there.
 SWEEP_DURATION_METRIC = "payments_sweep_duration_seconds"
 BATCH_SIZE_METRIC = "payments_executor_batch_size"
+# The executor's counters of chunk items it did not run in their own message:
+# stale (already run, or an old fence), collapsed (run by another message's
+# batch) and busy (held by another transaction, handed back).
+CONTENTION_COUNTERS = {
+    "stale": "payments_stale_deliveries_total",
+    "collapsed": "payments_collapsed_total",
+    "busy": "payments_chunk_items_busy_total",
+}
 AMOUNT = 2
 ACCOUNTS = 500  # sources and as many targets (steady's shape)
 WARM_UP = 1.2  # run_load sends 1 s of warm-up schedules, then starts 0.2 s later
@@ -321,6 +336,9 @@ def our_step(ctx: Ours, index: int, rate: float) -> dict:
     sweeps0 = multiprocess_histogram(ctx.metrics_dir, SWEEP_INTERVAL_METRIC)
     runs0 = multiprocess_histogram(ctx.metrics_dir, SWEEP_DURATION_METRIC)
     batches0 = multiprocess_histogram_totals(ctx.metrics_dir, BATCH_SIZE_METRIC)
+    items0 = multiprocess_counters(ctx.metrics_dir, list(CONTENTION_COUNTERS.values()))
+    lock_waits = LockWaitSampler()
+    lock_waits.start()
     if with_api:
         loader.join()
     sleep_until(t0_mono + seconds)
@@ -329,6 +347,8 @@ def our_step(ctx: Ours, index: int, rate: float) -> dict:
     window_end = db_now()
     cpu_window = cpu_since(ctx, cpu0)
     batches1 = multiprocess_histogram_totals(ctx.metrics_dir, BATCH_SIZE_METRIC)
+    items1 = multiprocess_counters(ctx.metrics_dir, list(CONTENTION_COUNTERS.values()))
+    lock_wait_summary = lock_waits.stop()
     mine = Payment.objects.filter(from_account__in=ctx.sources, due_at__gte=t0)
     open_at_window_end = mine.filter(status__in=OPEN_STATUSES).count()
     dead_rows = payment_dead_rows()
@@ -391,6 +411,12 @@ def our_step(ctx: Ours, index: int, rate: float) -> dict:
         "sweep_interval_p99_le_seconds": sweeps["le_seconds"] if sweeps else None,
         "sweeps_in_window": runs["observations"] if runs else None,
         "batches": batch_report(batches0, batches1, cpu_window.worker),
+        "contention": {
+            "lock_waits": lock_wait_summary,
+            "items": {
+                kind: int(items1[name] - items0[name]) for kind, name in CONTENTION_COUNTERS.items()
+            },
+        },
         "lateness_per_second": [
             (sec, percentile(sorted(v), 50), percentile(sorted(v), 99))
             for sec, v in sorted(per_second.items())
@@ -650,5 +676,9 @@ def run(args) -> dict:
             f"({BATCH_SIZE_METRIC}), their mean size, and the window's worker CPU over "
             "their number — a message that found its payments already run (stale, or "
             "collapsed into an earlier batch) is not a batch, but its CPU is in the total",
+            "lock waits: pg_stat_activity sampled four times a second over the window, "
+            "the share of active client backends waiting on a heavyweight lock and the "
+            "statements waiting most; items: the executor's stale, collapsed and busy "
+            "(handed back) chunk items in the window",
         ],
     }

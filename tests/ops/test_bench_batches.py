@@ -31,19 +31,22 @@ RECORD = """
 import sys
 from types import SimpleNamespace
 from payments.metrics import record_chunk
-for size in map(int, sys.argv[1:]):
+for chunk in sys.argv[1:]:
+    size, stale, busy, collapsed = map(int, (chunk + "/1/0/0").split("/")[:4])
     record_chunk(SimpleNamespace(
         completed=["p"] * size, failed=[], failure_codes=[], lateness_seconds=[],
-        stale=["s"], busy=[], collapsed=[], partitions_not_collapsed=0,
+        stale=["s"] * stale, busy=["b"] * busy, collapsed=["c"] * collapsed,
+        partitions_not_collapsed=0,
     ))
 """
 
 
-def record(tmp_path, *sizes: int) -> None:
-    """One worker-like process recording chunks of ``sizes`` payments (0: a
-    message whose payments were all stale)."""
+def record(tmp_path, *chunks: int | str) -> None:
+    """One worker-like process recording chunks: each a number of payments (0: a
+    message whose payments were all stale) with one stale item, or
+    ``"payments/stale/busy/collapsed"``."""
     subprocess.run(
-        [sys.executable, "-c", RECORD, *map(str, sizes)],
+        [sys.executable, "-c", RECORD, *map(str, chunks)],
         env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)},
         cwd=ROOT,
         check=True,

@@ -1,0 +1,169 @@
+"""The capacity report's contention column: lock waits sampled from
+``pg_stat_activity`` over a step's window, and the executor's stale, collapsed
+and busy chunk items from its counters.
+
+Sessions 34 and 35 measured both with a script run beside the benchmark; the
+column makes them part of every capacity run. A renamed counter, a sampler
+that stopped seeing waits (a changed ``pg_stat_activity`` filter), or a
+column that shifted the table fail here, not as a quiet zero in a report.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+import time
+
+import pytest
+from django.db import connection, transaction
+
+from bench.harness import lockwaits
+from bench.harness.lockwaits import LockWaitSampler, statement_key
+from bench.harness.metrics import multiprocess_counters
+from bench.harness.report import capacity_markdown
+from bench.scenarios.capacity import CONTENTION_COUNTERS
+from tests.factories import AccountFactory
+from tests.ops.test_bench_batches import REPORT, cells, record
+
+NAMES = list(CONTENTION_COUNTERS.values())
+
+
+def test_counters_add_up_every_worker_s_items(tmp_path):
+    assert multiprocess_counters(str(tmp_path), NAMES) == dict.fromkeys(NAMES, 0.0)
+    record(tmp_path, "40/2/3/5", "0/7/0/0")
+    record(tmp_path, "10/0/1/11")
+    assert multiprocess_counters(str(tmp_path), NAMES) == {
+        "payments_stale_deliveries_total": 9,
+        "payments_chunk_items_busy_total": 4,
+        "payments_collapsed_total": 16,
+    }
+
+
+def test_statement_key_collapses_whitespace_and_cuts():
+    query = "\n  SELECT id\n    FROM ledger_account   WHERE id = ANY($1) " + "x" * 100
+    assert statement_key(query) == "SELECT id FROM ledger_account WHERE id = ANY($1) xxxxxxxxxxx"
+    assert len(statement_key(query)) == lockwaits.STATEMENT_CHARS
+
+
+def test_summary_of_samples():
+    sampler = LockWaitSampler()
+    assert sampler.summary() == {
+        "samples": 0,
+        "active_mean": None,
+        "lock_waits_mean": None,
+        "lock_wait_share": None,
+        "top_waiters": [],
+    }
+    sampler.record([(False, "SELECT 1"), (True, "UPDATE a"), (True, "UPDATE  a")])
+    sampler.record([(True, "UPDATE b"), (False, "SELECT 1")])
+    sampler.record([])
+    sampler.record([(True, "UPDATE a"), (True, "UPDATE c"), (True, "UPDATE d"), (True, "x")])
+    assert sampler.summary() == {
+        "samples": 4,
+        "active_mean": 2.25,
+        "lock_waits_mean": 1.75,
+        "lock_wait_share": round(7 / 9, 3),
+        "top_waiters": [
+            ["UPDATE a", round(3 / 7, 3)],
+            ["UPDATE b", round(1 / 7, 3)],
+            ["UPDATE c", round(1 / 7, 3)],
+        ],
+    }
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_backend_waiting_on_a_held_row_is_seen_with_its_statement():
+    account = AccountFactory().pk
+    held, release, waiting_done = threading.Event(), threading.Event(), threading.Event()
+
+    def holder():
+        try:
+            with transaction.atomic():
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        "SELECT id FROM ledger_account WHERE id = %s FOR UPDATE", [account]
+                    )
+                held.set()
+                release.wait(30)
+        finally:
+            connection.close()
+
+    def waiter():
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "UPDATE ledger_account SET updated_at = updated_at WHERE id = %s", [account]
+                )
+        finally:
+            waiting_done.set()
+            connection.close()
+
+    threads = [threading.Thread(target=holder)]
+    threads[0].start()
+    assert held.wait(10)
+    threads.append(threading.Thread(target=waiter))
+    threads[1].start()
+    sampler = LockWaitSampler(interval=0.02)
+    sampler.start()
+    try:
+        deadline = time.monotonic() + 10
+        while sampler.samples < 20 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not waiting_done.is_set()  # still blocked while sampled
+        summary = sampler.stop()
+    finally:
+        release.set()
+        for thread in threads:
+            thread.join(30)
+    assert waiting_done.is_set()
+    assert "error" not in summary
+    assert summary["samples"] >= 20
+    # the waiter in every sample (the holder is idle in transaction, not active)
+    assert summary["lock_waits_mean"] == pytest.approx(1.0, abs=0.1)
+    assert summary["lock_wait_share"] == pytest.approx(1.0, abs=0.1)
+    (statement, share), *_ = summary["top_waiters"]
+    assert statement.startswith("UPDATE ledger_account SET updated_at = updated_at WHERE id")
+    assert share == 1.0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failing_sample_ends_the_sampling_and_is_reported(monkeypatch):
+    monkeypatch.setattr(lockwaits, "SAMPLE_SQL", "SELECT * FROM no_such_table")
+    sampler = LockWaitSampler(interval=0.01)
+    sampler.start()
+    sampler.join(10)
+    assert not sampler.is_alive()  # ended by itself, before stop()
+    summary = sampler.stop()
+    assert summary["samples"] == 0
+    assert "no_such_table" in summary["error"]
+
+
+def test_the_contention_cell_of_a_step_and_of_a_report_older_than_it():
+    cap = json.loads(REPORT.read_text())["results"]["capacity"]
+    step, old = cap["ours"]
+    step = copy.deepcopy(step)
+    step["contention"] = {
+        "lock_waits": {
+            "samples": 480,
+            "active_mean": 3.1,
+            "lock_waits_mean": 0.4,
+            "lock_wait_share": 0.1294,
+            "top_waiters": [["SELECT id FROM ledger_account WHERE id = ANY(x) ORDER BY id", 0.81]],
+        },
+        "items": {"stale": 12, "collapsed": 45_210, "busy": 3_485},
+    }
+    quiet = copy.deepcopy(step)
+    quiet["contention"]["lock_waits"] |= {"lock_wait_share": None, "top_waiters": []}
+    cap["ours"] = [step, old, quiet]
+    lines = capacity_markdown(cap)
+    header = lines.index(next(line for line in lines if line.startswith("| due rate")))
+    table = lines[header : lines.index("", header)]
+    assert len({len(cells(row)) for row in table}) == 1
+    column = cells(table[0]).index("lock waits (top waiter); items stale / collapsed / busy")
+    assert [cells(row)[column] for row in table[2:]] == [
+        "12.9 % (`SELECT id FROM ledger_account WHERE id =` 81 %); 12 / 45,210 / 3,485",
+        "-",
+        "-; 12 / 45,210 / 3,485",
+    ]
