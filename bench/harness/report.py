@@ -306,6 +306,8 @@ def _contention(step: dict) -> str:
     if waits.get("top_waiters"):
         statement, part = waits["top_waiters"][0]
         text += f" (`{statement[:40]}` {part * 100:.0f} %)"
+    if waits.get("error"):  # what it saw before it failed: part of the window
+        text += f" **sampler failed after {waits['samples']:,} samples**"
     return f"{text}; {items['stale']:,} / {items['collapsed']:,} / {items['busy']:,}"
 
 

@@ -40,9 +40,11 @@ mean size, and the worker CPU per batch — what separates a step's cost per
 payment from the drain's); and the window's contention: lock waits sampled
 from ``pg_stat_activity`` four times a second (``bench.harness.lockwaits``:
 the share of active backends waiting on a row lock, and the statements
-waiting most) and the chunk items the executor did not run in their own
-message (stale, collapsed into another batch, or busy — held by another
-transaction and handed back), from its counters.
+waiting most) and the executor's chunk items counted stale, collapsed into
+another message's batch, or busy (held by another transaction, handed back),
+from its counters — not to be added up: a collapsed payment's own message
+later finds it run and counts it stale, as does a handed-back one's that an
+earlier batch took in.
 
 Capacity at SLO: the highest step with p99 ≤ 1 s and p50 ≤ 250 ms; after
 two failing steps the higher ones are skipped (ours and the peer's apart).
@@ -337,18 +339,17 @@ def our_step(ctx: Ours, index: int, rate: float) -> dict:
     runs0 = multiprocess_histogram(ctx.metrics_dir, SWEEP_DURATION_METRIC)
     batches0 = multiprocess_histogram_totals(ctx.metrics_dir, BATCH_SIZE_METRIC)
     items0 = multiprocess_counters(ctx.metrics_dir, list(CONTENTION_COUNTERS.values()))
-    lock_waits = LockWaitSampler()
-    lock_waits.start()
-    if with_api:
-        loader.join()
-    sleep_until(t0_mono + seconds)
-    # CPU per payment over the window only: after it the API's payments (due up
-    # to 30 s past it) trickle out at a falling rate, which is not this step's.
-    window_end = db_now()
-    cpu_window = cpu_since(ctx, cpu0)
-    batches1 = multiprocess_histogram_totals(ctx.metrics_dir, BATCH_SIZE_METRIC)
-    items1 = multiprocess_counters(ctx.metrics_dir, list(CONTENTION_COUNTERS.values()))
-    lock_wait_summary = lock_waits.stop()
+    with LockWaitSampler() as lock_waits:
+        if with_api:
+            loader.join()
+        sleep_until(t0_mono + seconds)
+        # CPU per payment over the window only: after it the API's payments (due up
+        # to 30 s past it) trickle out at a falling rate, which is not this step's.
+        window_end = db_now()
+        cpu_window = cpu_since(ctx, cpu0)
+        batches1 = multiprocess_histogram_totals(ctx.metrics_dir, BATCH_SIZE_METRIC)
+        items1 = multiprocess_counters(ctx.metrics_dir, list(CONTENTION_COUNTERS.values()))
+    lock_wait_summary = lock_waits.summary()
     mine = Payment.objects.filter(from_account__in=ctx.sources, due_at__gte=t0)
     open_at_window_end = mine.filter(status__in=OPEN_STATUSES).count()
     dead_rows = payment_dead_rows()
@@ -679,6 +680,7 @@ def run(args) -> dict:
             "lock waits: pg_stat_activity sampled four times a second over the window, "
             "the share of active client backends waiting on a heavyweight lock and the "
             "statements waiting most; items: the executor's stale, collapsed and busy "
-            "(handed back) chunk items in the window",
+            "(handed back) chunk items in the window — overlapping counts: a collapsed "
+            "payment's own message later counts it stale",
         ],
     }

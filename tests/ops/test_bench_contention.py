@@ -72,6 +72,16 @@ def test_summary_of_samples():
     }
 
 
+def blocked_backends() -> int:
+    """Backends of this database waiting on a lock, as the test's own connection sees them."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        return cursor.fetchone()[0]
+
+
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_a_backend_waiting_on_a_held_row_is_seen_with_its_statement():
@@ -105,6 +115,10 @@ def test_a_backend_waiting_on_a_held_row_is_seen_with_its_statement():
     assert held.wait(10)
     threads.append(threading.Thread(target=waiter))
     threads[1].start()
+    deadline = time.monotonic() + 10
+    while not blocked_backends() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert blocked_backends() == 1
     sampler = LockWaitSampler(interval=0.02)
     sampler.start()
     try:
@@ -121,8 +135,8 @@ def test_a_backend_waiting_on_a_held_row_is_seen_with_its_statement():
     assert "error" not in summary
     assert summary["samples"] >= 20
     # the waiter in every sample (the holder is idle in transaction, not active)
-    assert summary["lock_waits_mean"] == pytest.approx(1.0, abs=0.1)
-    assert summary["lock_wait_share"] == pytest.approx(1.0, abs=0.1)
+    assert summary["lock_waits_mean"] == 1.0
+    assert summary["lock_wait_share"] == 1.0
     (statement, share), *_ = summary["top_waiters"]
     assert statement.startswith("UPDATE ledger_account SET updated_at = updated_at WHERE id")
     assert share == 1.0
@@ -131,11 +145,10 @@ def test_a_backend_waiting_on_a_held_row_is_seen_with_its_statement():
 @pytest.mark.django_db(transaction=True)
 def test_a_failing_sample_ends_the_sampling_and_is_reported(monkeypatch):
     monkeypatch.setattr(lockwaits, "SAMPLE_SQL", "SELECT * FROM no_such_table")
-    sampler = LockWaitSampler(interval=0.01)
-    sampler.start()
-    sampler.join(10)
-    assert not sampler.is_alive()  # ended by itself, before stop()
-    summary = sampler.stop()
+    with LockWaitSampler(interval=0.01) as sampler:
+        sampler.join(10)
+        assert not sampler.is_alive()  # ended by itself, before stop()
+    summary = sampler.summary()
     assert summary["samples"] == 0
     assert "no_such_table" in summary["error"]
 
@@ -152,18 +165,32 @@ def test_the_contention_cell_of_a_step_and_of_a_report_older_than_it():
             "lock_wait_share": 0.1294,
             "top_waiters": [["SELECT id FROM ledger_account WHERE id = ANY(x) ORDER BY id", 0.81]],
         },
-        "items": {"stale": 12, "collapsed": 45_210, "busy": 3_485},
+        "items": {"stale": 48_702, "collapsed": 45_210, "busy": 3_485},
     }
     quiet = copy.deepcopy(step)
     quiet["contention"]["lock_waits"] |= {"lock_wait_share": None, "top_waiters": []}
-    cap["ours"] = [step, old, quiet]
+    failed = copy.deepcopy(step)
+    failed["contention"]["lock_waits"] |= {"samples": 1_312, "error": "OperationalError: x"}
+    cap["ours"] = [step, old, quiet, failed]
     lines = capacity_markdown(cap)
     header = lines.index(next(line for line in lines if line.startswith("| due rate")))
     table = lines[header : lines.index("", header)]
     assert len({len(cells(row)) for row in table}) == 1
     column = cells(table[0]).index("lock waits (top waiter); items stale / collapsed / busy")
+    top = "12.9 % (`SELECT id FROM ledger_account WHERE id =` 81 %)"
     assert [cells(row)[column] for row in table[2:]] == [
-        "12.9 % (`SELECT id FROM ledger_account WHERE id =` 81 %); 12 / 45,210 / 3,485",
+        f"{top}; 48,702 / 45,210 / 3,485",
         "-",
-        "-; 12 / 45,210 / 3,485",
+        "-; 48,702 / 45,210 / 3,485",
+        f"{top} **sampler failed after 1,312 samples**; 48,702 / 45,210 / 3,485",
     ]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_the_sampler_stops_when_its_window_raises():
+    with pytest.raises(RuntimeError), LockWaitSampler(interval=0.01) as sampler:
+        time.sleep(0.1)
+        raise RuntimeError("the step failed")
+    assert not sampler.is_alive()
+    assert sampler.samples > 0 and "error" not in sampler.summary()
