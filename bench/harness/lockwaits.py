@@ -4,9 +4,11 @@ Four times a second (``interval``) one query lists the active client backends
 of the scenario's database (this sampler's own left out): how many there
 are, and which of them wait on a heavyweight lock (``wait_event_type =
 'Lock'``: a row held by another transaction, ``transactionid`` or ``tuple``),
-by statement. Summed over the window, the lock-wait share (waiting samples
-over active samples) says how much of the database work in flight was
-queued behind another transaction, and the statements say whose: the
+by statement; and, for every active backend, its wait event (none: running
+or queued for a CPU; an LWLock such as ``WALWrite``; IO…). Summed over the
+window, the lock-wait share (waiting samples over active samples) says how
+much of the database work in flight was queued behind another transaction,
+and the statements say whose: the
 executor locking its chunk's payment rows, the ledger locking account rows,
 a schedule request's hold… — what sessions 34 and 35 measured with a script
 beside the run (``bench/results/2026-11-29-s35-pair-busy/sampler.py``).
@@ -25,7 +27,7 @@ import time
 from collections import Counter
 
 SAMPLE_SQL = """
-SELECT wait_event_type = 'Lock', query
+SELECT wait_event_type, wait_event, query
   FROM pg_stat_activity
  WHERE datname = current_database()
    AND backend_type = 'client backend'
@@ -34,6 +36,8 @@ SELECT wait_event_type = 'Lock', query
 """
 STATEMENT_CHARS = 60  # of the statement, whitespace collapsed: enough to tell them apart
 TOP_STATEMENTS = 3
+TOP_WAIT_EVENTS = 6
+RUNNING = "running"  # an active backend with no wait event: on a CPU, or queued for one
 
 
 def statement_key(query: str) -> str:
@@ -56,6 +60,7 @@ class LockWaitSampler(threading.Thread):
         self.samples = 0
         self.active = 0
         self.waiting: Counter[str] = Counter()
+        self.events: Counter[str] = Counter()
         self.error: str | None = None
 
     def run(self) -> None:
@@ -74,11 +79,12 @@ class LockWaitSampler(threading.Thread):
         finally:
             connection.close()
 
-    def record(self, rows: list[tuple[bool, str]]) -> None:
-        """One sample: ``(waiting on a lock, statement)`` per active backend."""
+    def record(self, rows: list[tuple[str | None, str | None, str]]) -> None:
+        """One sample: ``(wait_event_type, wait_event, statement)`` per active backend."""
         self.samples += 1
         self.active += len(rows)
-        self.waiting.update(statement_key(query) for waits, query in rows if waits)
+        self.events.update(f"{kind}:{event}" if kind else RUNNING for kind, event, _ in rows)
+        self.waiting.update(statement_key(query) for kind, _, query in rows if kind == "Lock")
 
     def __enter__(self) -> LockWaitSampler:
         self.start()
@@ -95,7 +101,10 @@ class LockWaitSampler(threading.Thread):
     def summary(self) -> dict:
         """Samples taken; active backends and lock waiters per sample (means);
         the lock-wait share (waiting samples over active samples); the
-        statements seen waiting most, with their share of the waits."""
+        statements seen waiting most, with their share of the waits; and what
+        the active backends were doing, by wait event (``running``: none —
+        on a CPU or queued for one; ``LWLock:WALWrite``, ``IO:…``…), each
+        with its share of the active samples."""
         waits = sum(self.waiting.values())
         out = {
             "samples": self.samples,
@@ -105,6 +114,10 @@ class LockWaitSampler(threading.Thread):
             "top_waiters": [
                 [statement, round(count / waits, 3)]
                 for statement, count in self.waiting.most_common(TOP_STATEMENTS)
+            ],
+            "wait_events": [
+                [event, round(count / self.active, 3)]
+                for event, count in self.events.most_common(TOP_WAIT_EVENTS)
             ],
         }
         if self.error:

@@ -339,6 +339,26 @@ def idle_lines(cap: dict) -> list[str]:
     ]
 
 
+def wait_event_lines(cap: dict) -> list[str]:
+    """What each step's active database backends were doing, by wait event."""
+    steps = [
+        (step["rate_per_second"], step["contention"]["lock_waits"].get("wait_events"))
+        for step in cap["ours"]
+        if step.get("contention")
+    ]
+    if not any(events for _, events in steps):
+        return []
+    parts = [
+        f"{fmt(rate)}/s " + ", ".join(f"{event} {share * 100:.0f} %" for event, share in events)
+        for rate, events in steps
+        if events
+    ]
+    return [
+        "- active database backends by wait event (share of the samples; `running`: no "
+        "wait — on a CPU or queued for one): " + "; ".join(parts)
+    ]
+
+
 def capacity_markdown(cap: dict) -> list[str]:
     """The capacity scenario: one row per step, this service's and the peer's."""
     slo = cap["slo"]
@@ -410,5 +430,6 @@ def capacity_markdown(cap: dict) -> list[str]:
         )
     lines += ["", f"- checks: {json.dumps(cap['checks'])}"]
     lines += idle_lines(cap)
+    lines += wait_event_lines(cap)
     lines += [f"- {note}" for note in cap.get("notes", [])]
     return lines

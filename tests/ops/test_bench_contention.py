@@ -54,11 +54,13 @@ def test_summary_of_samples():
         "lock_waits_mean": None,
         "lock_wait_share": None,
         "top_waiters": [],
+        "wait_events": [],
     }
-    sampler.record([(False, "SELECT 1"), (True, "UPDATE a"), (True, "UPDATE  a")])
-    sampler.record([(True, "UPDATE b"), (False, "SELECT 1")])
+    row = "Lock", "transactionid"
+    sampler.record([(None, None, "SELECT 1"), (*row, "UPDATE a"), ("Lock", "tuple", "UPDATE  a")])
+    sampler.record([(*row, "UPDATE b"), ("LWLock", "WALWrite", "COMMIT")])
     sampler.record([])
-    sampler.record([(True, "UPDATE a"), (True, "UPDATE c"), (True, "UPDATE d"), (True, "x")])
+    sampler.record([(*row, "UPDATE a"), (*row, "UPDATE c"), (*row, "UPDATE d"), (*row, "x")])
     assert sampler.summary() == {
         "samples": 4,
         "active_mean": 2.25,
@@ -68,6 +70,12 @@ def test_summary_of_samples():
             ["UPDATE a", round(3 / 7, 3)],
             ["UPDATE b", round(1 / 7, 3)],
             ["UPDATE c", round(1 / 7, 3)],
+        ],
+        "wait_events": [
+            ["Lock:transactionid", round(6 / 9, 3)],
+            ["running", round(1 / 9, 3)],
+            ["Lock:tuple", round(1 / 9, 3)],
+            ["LWLock:WALWrite", round(1 / 9, 3)],
         ],
     }
 
@@ -137,6 +145,7 @@ def test_a_backend_waiting_on_a_held_row_is_seen_with_its_statement():
     # the waiter in every sample (the holder is idle in transaction, not active)
     assert summary["lock_waits_mean"] == 1.0
     assert summary["lock_wait_share"] == 1.0
+    assert summary["wait_events"] == [["Lock:transactionid", 1.0]]
     (statement, share), *_ = summary["top_waiters"]
     assert statement.startswith("UPDATE ledger_account SET updated_at = updated_at WHERE id")
     assert share == 1.0
@@ -194,3 +203,15 @@ def test_the_sampler_stops_when_its_window_raises():
         raise RuntimeError("the step failed")
     assert not sampler.is_alive()
     assert sampler.samples > 0 and "error" not in sampler.summary()
+
+
+def test_the_wait_events_line():
+    cap = json.loads(REPORT.read_text())["results"]["capacity"]
+    first, _ = cap["ours"]
+    assert not [line for line in capacity_markdown(cap) if "by wait event" in line]
+    first["contention"] = {
+        "lock_waits": {"wait_events": [["running", 0.7], ["LWLock:WALWrite", 0.13]]},
+        "items": {"stale": 0, "collapsed": 0, "busy": 0},
+    }
+    (line,) = [line for line in capacity_markdown(cap) if "by wait event" in line]
+    assert line.endswith(": 100/s running 70 %, LWLock:WALWrite 13 %")
