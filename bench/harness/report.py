@@ -332,11 +332,18 @@ def idle_lines(cap: dict) -> list[str]:
         for step in cap["ours"]
         if not step.get("skipped")
     )
-    return [
+    lines = [
         f"- payment workers idle (no load, before the first step): {fmt(idle)} ms of CPU a "
         f"second; worker ms/payment less that rate over each window: {above} (an estimate: "
         "under load some idle wakes do not happen)"
     ]
+    idle_pg = cap.get("idle_postgres_ms_per_second")
+    if idle_pg is not None:
+        lines.append(
+            f"- PostgreSQL over the same idle seconds: {fmt(idle_pg)} ms of CPU a second (every "
+            "server process: the idle service's sweeps, beat, checks and autovacuum)"
+        )
+    return lines
 
 
 def wait_event_lines(cap: dict) -> list[str]:

@@ -270,7 +270,11 @@ def idle_worker_ms_per_second(worker_pid: int, seconds: float = IDLE_SECONDS) ->
     event loops' timers and broker polls, and the OS's charge for each wake."""
     started, before = time.monotonic(), tree_cpu_seconds(worker_pid)
     time.sleep(seconds)
-    return round(1000 * (tree_cpu_seconds(worker_pid) - before) / (time.monotonic() - started), 2)
+    return ms_per_second(tree_cpu_seconds(worker_pid) - before, time.monotonic() - started)
+
+
+def ms_per_second(cpu_seconds: float, wall_seconds: float) -> float:
+    return round(1000 * cpu_seconds / wall_seconds, 2)
 
 
 def above_idle_ms_per_payment(
@@ -448,9 +452,11 @@ def batch_report(
 
 def run_ours(
     env: dict, steps: list[float], args, sources, targets
-) -> tuple[list[dict], int, float]:
-    """Every step of ours, the nice level gunicorn ran at, and the payment workers'
-    CPU a second idle (``idle_worker_ms_per_second``)."""
+) -> tuple[list[dict], int, float, float]:
+    """Every step of ours, the nice level gunicorn ran at, the payment workers'
+    CPU a second idle (``idle_worker_ms_per_second``) and PostgreSQL's over the
+    same seconds (every server process: what the idle service's sweeps, beat
+    and checks, and autovacuum cost it with no payment and no request)."""
     metrics_dir = tempfile.mkdtemp(prefix="bench-capacity-metrics-")
     try:
         client = create_client("bench-capacity", accounts=20, balance=10**12)
@@ -477,8 +483,10 @@ def run_ours(
                     streams=8,
                 )
                 wait_terminal(args.timeout)
+            pg0, started = postgres_cpu(), time.monotonic()
             idle = idle_worker_ms_per_second(worker.pid)
-            print(f"   payment workers idle: {idle} ms of CPU a second")
+            idle_pg = ms_per_second(postgres_cpu_since(pg0), time.monotonic() - started)
+            print(f"   payment workers idle: {idle} ms of CPU a second; PostgreSQL {idle_pg}")
             ctx = Ours(
                 seconds=args.capacity_seconds,
                 sources=sources,
@@ -494,7 +502,8 @@ def run_ours(
                 timeout=args.timeout,
                 idle_worker_ms_per_second=idle,
             )
-            return stepped(steps, lambda index, rate: our_step(ctx, index, rate)), web_nice, idle
+            ours = stepped(steps, lambda index, rate: our_step(ctx, index, rate))
+            return ours, web_nice, idle, idle_pg
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
 
@@ -612,7 +621,7 @@ def run(args) -> dict:
     targets = fund_accounts(ACCOUNTS, 0)
 
     print(f"   this service: steps {steps} payments/s, {args.capacity_seconds:g} s each")
-    ours, web_nice, idle = run_ours(env, steps, args, sources, targets)
+    ours, web_nice, idle, idle_pg = run_ours(env, steps, args, sources, targets)
     checks = exactly_once_check()  # before the peer: its transfers carry no payment
     peer_steps = steps
     if getattr(args, "capacity_peer_steps", None):
@@ -659,6 +668,7 @@ def run(args) -> dict:
         },
         "sweep_interval_metric": SWEEP_INTERVAL_METRIC if sweep_exported else None,
         "idle_worker_ms_per_second": idle,
+        "idle_postgres_ms_per_second": idle_pg,
         "ours": ours,
         "peer": peer,
         "checks": checks,

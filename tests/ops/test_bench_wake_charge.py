@@ -96,3 +96,21 @@ def test_the_report_shows_the_idle_rate_and_each_steps_cost_above_it():
     (line,) = [line for line in capacity_markdown(cap) if "idle" in line]
     assert "21.5 ms of CPU a second" in line
     assert "100/s 0.21, 2,000/s 0.19" in line
+
+
+def test_the_report_shows_postgresql_s_idle_rate_when_measured():
+    from bench.harness.report import capacity_markdown
+
+    cap = json.loads(REPORT.read_text())["results"]["capacity"]
+    cap["idle_worker_ms_per_second"] = 21.5
+    assert not [line for line in capacity_markdown(cap) if "PostgreSQL over" in line]
+    cap["idle_postgres_ms_per_second"] = 38.25
+    (line,) = [line for line in capacity_markdown(cap) if "PostgreSQL over" in line]
+    assert "38.25 ms of CPU a second" in line
+
+
+def test_cpu_a_second():
+    from bench.scenarios.capacity import ms_per_second
+
+    assert ms_per_second(0.9, 30.0) == 30.0
+    assert ms_per_second(0.0125, 2.0) == 6.25
