@@ -342,6 +342,7 @@ def our_step(ctx: Ours, index: int, rate: float) -> dict:
     sweeps0 = multiprocess_histogram(ctx.metrics_dir, SWEEP_INTERVAL_METRIC)
     runs0 = multiprocess_histogram(ctx.metrics_dir, SWEEP_DURATION_METRIC)
     batches0 = multiprocess_histogram_totals(ctx.metrics_dir, BATCH_SIZE_METRIC)
+    sizes0 = multiprocess_histogram(ctx.metrics_dir, BATCH_SIZE_METRIC)
     items0 = multiprocess_counters(ctx.metrics_dir, list(CONTENTION_COUNTERS.values()))
     with LockWaitSampler() as lock_waits:
         if with_api:
@@ -352,6 +353,7 @@ def our_step(ctx: Ours, index: int, rate: float) -> dict:
         window_end = db_now()
         cpu_window = cpu_since(ctx, cpu0)
         batches1 = multiprocess_histogram_totals(ctx.metrics_dir, BATCH_SIZE_METRIC)
+        sizes1 = multiprocess_histogram(ctx.metrics_dir, BATCH_SIZE_METRIC)
         items1 = multiprocess_counters(ctx.metrics_dir, list(CONTENTION_COUNTERS.values()))
     lock_wait_summary = lock_waits.summary()
     mine = Payment.objects.filter(from_account__in=ctx.sources, due_at__gte=t0)
@@ -416,6 +418,8 @@ def our_step(ctx: Ours, index: int, rate: float) -> dict:
         "sweep_interval_p99_le_seconds": sweeps["le_seconds"] if sweeps else None,
         "sweeps_in_window": runs["observations"] if runs else None,
         "batches": batch_report(batches0, batches1, cpu_window.worker),
+        # how many of the window's batches ran up to each bucket's size (cumulative)
+        "batch_sizes": bucket_counts(sizes0, sizes1),
         "contention": {
             "lock_waits": lock_wait_summary,
             "items": {
@@ -426,6 +430,20 @@ def our_step(ctx: Ours, index: int, rate: float) -> dict:
             (sec, percentile(sorted(v), 50), percentile(sorted(v), 99))
             for sec, v in sorted(per_second.items())
         ],
+    }
+
+
+def bucket_counts(
+    before: dict[float, float] | None, after: dict[float, float] | None
+) -> dict[str, int] | None:
+    """A histogram's cumulative bucket counts over a window, ``{"≤ 50": n, …}``
+    (``"all"`` for ``+Inf``); None when the service does not export it."""
+    if after is None:
+        return None
+    before = before or {}
+    return {
+        ("all" if le == float("inf") else f"≤ {le:g}"): int(after[le] - before.get(le, 0.0))
+        for le in sorted(after)
     }
 
 

@@ -107,3 +107,17 @@ def test_every_row_of_the_table_has_the_header_s_columns():
         "",
         "-",
     ]
+
+
+def test_the_window_s_batch_sizes_by_bucket(tmp_path):
+    from bench.harness.metrics import multiprocess_histogram
+    from bench.scenarios.capacity import bucket_counts
+
+    before = multiprocess_histogram(str(tmp_path), BATCH_SIZE_METRIC)
+    assert before is None and bucket_counts(None, None) is None
+    record(tmp_path, 200)
+    before = multiprocess_histogram(str(tmp_path), BATCH_SIZE_METRIC)
+    record(tmp_path, 3, 40, 45, 180, 0)
+    sizes = bucket_counts(before, multiprocess_histogram(str(tmp_path), BATCH_SIZE_METRIC))
+    assert sizes["≤ 2"] == 0 and sizes["≤ 5"] == 1 and sizes["≤ 50"] == 3
+    assert sizes["≤ 200"] == 4 and sizes["all"] == 4  # the 200 before the window left out
