@@ -193,6 +193,18 @@ def multiprocess_histogram_totals(path: str, name: str) -> tuple[float, float] |
     return (count, total) if found else None
 
 
+def histogram_window(
+    before: dict[float, float] | None, after: dict[float, float] | None
+) -> dict[float, float] | None:
+    """The observations between two snapshots of a cumulative histogram
+    (``multiprocess_histogram``), per cumulative bucket in bound order; None
+    when the histogram is absent from ``after``."""
+    if after is None:
+        return None
+    before = before or {}
+    return {le: after[le] - before.get(le, 0.0) for le in sorted(after)}
+
+
 def histogram_quantile_bound(
     before: dict[float, float] | None, after: dict[float, float] | None, q: float
 ) -> dict | None:
@@ -203,10 +215,9 @@ def histogram_quantile_bound(
     from ``after``."""
     import math
 
-    if after is None:
+    delta = histogram_window(before, after)
+    if delta is None:
         return None
-    before = before or {}
-    delta = {le: after[le] - before.get(le, 0.0) for le in sorted(after)}
     total = delta.get(math.inf, max(delta.values(), default=0.0))
     out: dict = {"observations": int(total), "quantile": q, "le_seconds": None}
     if total <= 0:

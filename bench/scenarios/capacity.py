@@ -69,6 +69,7 @@ from bench.harness.load import bulk_schedule, fund_accounts
 from bench.harness.lockwaits import LockWaitSampler
 from bench.harness.metrics import (
     histogram_quantile_bound,
+    histogram_window,
     host_busy_seconds,
     ms_each,
     multiprocess_counters,
@@ -437,14 +438,12 @@ def bucket_counts(
     before: dict[float, float] | None, after: dict[float, float] | None
 ) -> dict[str, int] | None:
     """A histogram's cumulative bucket counts over a window, ``{"≤ 50": n, …}``
-    (``"all"`` for ``+Inf``); None when the service does not export it."""
-    if after is None:
+    (``"all"`` for ``+Inf``; ``histogram_window``); None when the service does
+    not export it."""
+    delta = histogram_window(before, after)
+    if delta is None:
         return None
-    before = before or {}
-    return {
-        ("all" if le == float("inf") else f"≤ {le:g}"): int(after[le] - before.get(le, 0.0))
-        for le in sorted(after)
-    }
+    return {("all" if le == float("inf") else f"≤ {le:g}"): int(n) for le, n in delta.items()}
 
 
 def batch_report(
