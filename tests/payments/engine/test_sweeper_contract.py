@@ -473,6 +473,84 @@ def test_chunks_adapt_to_the_load_small_partitions_share_full_ones_stand_alone(s
     ]
 
 
+def test_the_last_two_chunks_worth_of_a_window_are_halved_by_partition(settings):
+    """A window's chunks come due together and run side by side, so a window
+    of just over one chunk is two halves, not a full chunk and a small
+    remainder (one worker running 200 payments while the other ran 20 and
+    waited, session 36's 500/s step); whole partitions still, and a window of
+    one chunk or less stays one chunk."""
+    settings.PAYMENT_CHUNK_SIZE = 10
+    settings.PAYMENT_CHUNK_SPREAD_MS = 400
+    now = slot_start()
+
+    def at(ms):
+        return now + timedelta(milliseconds=ms)
+
+    def window(per_partition, partitions):
+        return [
+            transitions.Claimed(f"{p}-{i}", 1, p, at(i))
+            for p in range(partitions)
+            for i in range(per_partition)
+        ]
+
+    def shape(claims):
+        return [(partitions, len(ids)) for partitions, _, ids in cut(claims, now)]
+
+    assert shape(window(2, 6)) == [((0, 1, 2), 6), ((3, 4, 5), 6)]  # greedy: 10 and 2
+    assert shape(window(2, 5)) == [((0, 1, 2, 3, 4), 10)]  # exactly a chunk: one
+    assert shape(window(1, 11)) == [(tuple(range(6)), 6), (tuple(range(6, 11)), 5)]
+    assert shape(window(2, 10)) == [((0, 1, 2, 3, 4), 10), ((5, 6, 7, 8, 9), 10)]
+    # more than two chunks' worth: full chunks first, then the rest in halves
+    assert [n for _, n in shape(window(1, 25))] == [10, 8, 7]
+    # a piece goes where its middle falls: 5 | 1 1 | 5 is cut 6 / 6, not 7 / 5
+    uneven = [
+        transitions.Claimed(f"{p}-{i}", 1, p, at(i))
+        for p, n in ((0, 5), (1, 1), (2, 1), (3, 5))
+        for i in range(n)
+    ]
+    assert shape(uneven) == [((0, 1), 6), ((2, 3), 6)]
+    # the slot that showed it: 200-payment chunks, 16 partitions of 13-14, 220 due
+    settings.PAYMENT_CHUNK_SIZE = 200
+    slot = [transitions.Claimed(f"s{n}", 1, n % 16, at(n * 399 // 220)) for n in range(220)]
+    assert [len(ids) for _, _, ids in cut(slot, now)] == [112, 108]  # 8 + 8 partitions
+
+
+pieces_of = st.lists(st.integers(1, 12), min_size=1, max_size=10)
+
+
+@hypothesis_settings(max_examples=300, deadline=None)
+@given(lengths=pieces_of, size=st.integers(1, 12))
+def test_packing_halves_the_tail_without_more_or_larger_chunks_than_greedy(lengths, size):
+    """Against filling each chunk until the next piece would not fit: never
+    more chunks, never a larger one; pieces kept whole and in order; and a
+    window of one to two chunks' worth packed into two is cut within one
+    piece of the middle."""
+    lengths = [min(n, size) for n in lengths]
+    names = iter(range(10_000))
+    base = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
+    pieces = [
+        [transitions.Claimed(f"c{next(names)}", 1, p, base) for _ in range(n)]
+        for p, n in enumerate(lengths)
+    ]
+    total = sum(lengths)
+    chunks = sweeper.pack(pieces, total, size)
+    greedy: list[list] = [[]]
+    for piece in pieces:
+        if len(greedy[-1]) + len(piece) > size:
+            greedy.append([])
+        greedy[-1].extend(piece)
+    assert [c for chunk in chunks for c in chunk] == [c for piece in pieces for c in piece]
+    for chunk in chunks:  # whole pieces: a chunk starts where a piece starts
+        assert 0 < len(chunk) <= size
+        assert any(chunk[0] is piece[0] for piece in pieces)
+    assert len(chunks) <= len([g for g in greedy if g])
+    assert max(map(len, chunks)) <= max(map(len, greedy))
+    if total <= size:
+        assert len(chunks) == 1
+    elif total <= 2 * size and len(chunks) == 2:
+        assert abs(len(chunks[0]) - len(chunks[1])) <= max(lengths)
+
+
 def flow_of(times, partitions, at):
     """One claim per (time, partition), in due order: ``"<partition>-<ms>"``."""
     return [transitions.Claimed(f"{p}-{t}", 1, p, at(t)) for t in times for p in partitions]
