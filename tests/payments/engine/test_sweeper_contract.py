@@ -12,6 +12,7 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from datetime import timezone as dt_timezone
+from itertools import accumulate
 
 import pytest
 from django.db import connection, transaction
@@ -509,6 +510,13 @@ def test_the_last_two_chunks_worth_of_a_window_are_halved_by_partition(settings)
         for i in range(n)
     ]
     assert shape(uneven) == [((0, 1), 6), ((2, 3), 6)]
+    # 5 | 3 4: the 3's middle is past the halfway mark, so 5 / 7, not 8 / 4
+    uneven = [
+        transitions.Claimed(f"{p}-{i}", 1, p, at(i))
+        for p, n in ((0, 5), (1, 3), (2, 4))
+        for i in range(n)
+    ]
+    assert shape(uneven) == [((0,), 5), ((1, 2), 7)]
     # the slot that showed it: 200-payment chunks, 16 partitions of 13-14, 220 due
     settings.PAYMENT_CHUNK_SIZE = 200
     slot = [transitions.Claimed(f"s{n}", 1, n % 16, at(n * 399 // 220)) for n in range(220)]
@@ -548,7 +556,13 @@ def test_packing_halves_the_tail_without_more_or_larger_chunks_than_greedy(lengt
     if total <= size:
         assert len(chunks) == 1
     elif total <= 2 * size and len(chunks) == 2:
-        assert abs(len(chunks[0]) - len(chunks[1])) <= max(lengths)
+        # as even as whole pieces allow: moving the piece on either side of
+        # the cut across it (where it fits) would not make the halves closer
+        a, b = len(chunks[0]), len(chunks[1])
+        cut_at = list(accumulate(lengths)).index(a)
+        last, first = lengths[cut_at], lengths[cut_at + 1]
+        assert b + last > size or abs(a - b) <= abs(a - b - 2 * last)
+        assert a + first > size or abs(a - b) <= abs(a - b + 2 * first)
 
 
 def flow_of(times, partitions, at):
