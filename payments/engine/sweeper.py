@@ -57,7 +57,8 @@ def chunk_claims(claims: list[Claimed], now: datetime | None = None) -> list[Chu
     steady flow is one window per slot, never a window and a fragment cut
     off by where the lookahead happened to end. Payments already due at
     ``now`` wait for no one, so the slots do not split them: a backlog is
-    claimed in full-size chunks.
+    claimed in full-size chunks (its last two chunks' worth in halves,
+    ``pack``).
 
     Then by size, adapting to the load: within a window each partition's
     claims stay together (up to ``PAYMENT_CHUNK_SIZE`` per chunk) and small
@@ -91,13 +92,13 @@ def chunk_claims(claims: list[Claimed], now: datetime | None = None) -> list[Chu
             for group in (by_partition[p] for p in sorted(by_partition))
             for start in range(0, len(group), size)
         ]
-        for batch in pack(pieces, len(window), size):
+        for batch in pack(pieces, size):
             partitions = tuple(sorted({c.partition for c in batch}))
             chunks.append((partitions, max(c.due_at for c in batch), batch))
     return chunks
 
 
-def pack(pieces: list[list[Claimed]], total: int, size: int) -> list[list[Claimed]]:
+def pack(pieces: list[list[Claimed]], size: int) -> list[list[Claimed]]:
     """Pack a window's pieces (each one partition's, at most ``size``, in
     partition order) into chunks of at most ``size``, a piece never split:
     full chunks while more than two chunks' worth is left, then the last two
@@ -112,11 +113,14 @@ def pack(pieces: list[list[Claimed]], total: int, size: int) -> list[list[Claime
     transactions. A piece goes into the chunk being filled while its middle
     is within that chunk's share, so the halves come out as even as whole
     partitions allow; a window of one chunk or less is one chunk, as before,
-    and a backlog's full chunks stay full.
+    and a backlog's full chunks stay full up to its last two chunks' worth.
+    A piece is never split, so halves need the window to span partitions: one
+    partition's 220 claims stay 200 + 20 (halved, the two workers would wait
+    on each other's source accounts).
     """
     chunks: list[list[Claimed]] = []
     batch: list[Claimed] = []
-    left = total  # payments not in a closed chunk, the one being filled included
+    left = sum(map(len, pieces))  # not in a closed chunk, the one being filled included
     for piece in pieces:
         share = left / 2 if size < left <= 2 * size else size
         if batch and (len(batch) + len(piece) > size or len(batch) + len(piece) / 2 > share):
@@ -144,7 +148,8 @@ def sub_slots(
     up to the whole slot: half of it on average, which at a high rate is
     lateness for nothing — the slot holds full chunks many times over. Each
     part is then cut by partition and size as a window is, so with an even
-    flow its two or three chunks are near full and hold disjoint source
+    flow its two or three chunks hold a full chunk's worth or most of one
+    (a part of 1.5 chunks' worth is two of 0.75, ``pack``) and disjoint source
     partitions (the two that come due together run at once on the two
     payment workers without waiting on each other's payment rows) and are
     due within a fraction of the slot. At 2,000/s a 400 ms slot holds 800
@@ -216,8 +221,8 @@ def executor_state() -> ExecutorState:
       worker reaches them, and every expiry costs the payment an attempt and
       the queue a duplicate message: under sustained overload that fed on
       itself until healthy payments were dead-lettered. The backlog waits as
-      PENDING instead and is claimed, in full-size chunks, once the executors
-      catch up.
+      PENDING instead and is claimed, in full-size chunks (``chunk_claims``),
+      once the executors catch up.
     - ``lag``: how long that claim has waited since it should have run — since
       its run time, or since it was claimed if it was claimed late. It does
       not count the wait until a payment is due, so it is the executors' queue

@@ -521,6 +521,10 @@ def test_the_last_two_chunks_worth_of_a_window_are_halved_by_partition(settings)
     settings.PAYMENT_CHUNK_SIZE = 200
     slot = [transitions.Claimed(f"s{n}", 1, n % 16, at(n * 399 // 220)) for n in range(220)]
     assert [len(ids) for _, _, ids in cut(slot, now)] == [112, 108]  # 8 + 8 partitions
+    # one partition's 220 stay a full chunk and the rest: a piece is never
+    # split (two halves of one partition would lock the same source accounts)
+    hot = [transitions.Claimed(f"h{n}", 1, 3, at(n)) for n in range(220)]
+    assert [len(ids) for _, _, ids in cut(hot, now)] == [200, 20]
 
 
 pieces_of = st.lists(st.integers(1, 12), min_size=1, max_size=10)
@@ -541,7 +545,7 @@ def test_packing_halves_the_tail_without_more_or_larger_chunks_than_greedy(lengt
         for p, n in enumerate(lengths)
     ]
     total = sum(lengths)
-    chunks = sweeper.pack(pieces, total, size)
+    chunks = sweeper.pack(pieces, size)
     greedy: list[list] = [[]]
     for piece in pieces:
         if len(greedy[-1]) + len(piece) > size:
