@@ -89,7 +89,7 @@ def chunk_claims(claims: list[Claimed], now: datetime | None = None) -> list[Chu
             by_partition.setdefault(claim.partition, []).append(claim)
         pieces = [
             group[start : start + size]
-            for group in (by_partition[p] for p in sorted(by_partition))
+            for _, group in sorted(by_partition.items())
             for start in range(0, len(group), size)
         ]
         for batch in pack(pieces, size):

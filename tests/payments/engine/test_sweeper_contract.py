@@ -487,12 +487,12 @@ def test_the_last_two_chunks_worth_of_a_window_are_halved_by_partition(settings)
     def at(ms):
         return now + timedelta(milliseconds=ms)
 
+    def claims_of(counts):
+        """``n`` claims of each ``(partition, n)``, in that order."""
+        return [transitions.Claimed(f"{p}-{i}", 1, p, at(i)) for p, n in counts for i in range(n)]
+
     def window(per_partition, partitions):
-        return [
-            transitions.Claimed(f"{p}-{i}", 1, p, at(i))
-            for p in range(partitions)
-            for i in range(per_partition)
-        ]
+        return claims_of((p, per_partition) for p in range(partitions))
 
     def shape(claims):
         return [(partitions, len(ids)) for partitions, _, ids in cut(claims, now)]
@@ -504,19 +504,9 @@ def test_the_last_two_chunks_worth_of_a_window_are_halved_by_partition(settings)
     # more than two chunks' worth: full chunks first, then the rest in halves
     assert [n for _, n in shape(window(1, 25))] == [10, 8, 7]
     # a piece goes where its middle falls: 5 | 1 1 | 5 is cut 6 / 6, not 7 / 5
-    uneven = [
-        transitions.Claimed(f"{p}-{i}", 1, p, at(i))
-        for p, n in ((0, 5), (1, 1), (2, 1), (3, 5))
-        for i in range(n)
-    ]
-    assert shape(uneven) == [((0, 1), 6), ((2, 3), 6)]
+    assert shape(claims_of(((0, 5), (1, 1), (2, 1), (3, 5)))) == [((0, 1), 6), ((2, 3), 6)]
     # 5 | 3 4: the 3's middle is past the halfway mark, so 5 / 7, not 8 / 4
-    uneven = [
-        transitions.Claimed(f"{p}-{i}", 1, p, at(i))
-        for p, n in ((0, 5), (1, 3), (2, 4))
-        for i in range(n)
-    ]
-    assert shape(uneven) == [((0,), 5), ((1, 2), 7)]
+    assert shape(claims_of(((0, 5), (1, 3), (2, 4)))) == [((0,), 5), ((1, 2), 7)]
     # the slot that showed it: 200-payment chunks, 16 partitions of 13-14, 220 due
     settings.PAYMENT_CHUNK_SIZE = 200
     slot = [transitions.Claimed(f"s{n}", 1, n % 16, at(n * 399 // 220)) for n in range(220)]
@@ -535,8 +525,8 @@ pieces_of = st.lists(st.integers(1, 12), min_size=1, max_size=10)
 def test_packing_halves_the_tail_without_more_or_larger_chunks_than_greedy(lengths, size):
     """Against filling each chunk until the next piece would not fit: never
     more chunks, never a larger one; pieces kept whole and in order; and a
-    window of one to two chunks' worth packed into two is cut within one
-    piece of the middle."""
+    window of one to two chunks' worth packed into two is cut where moving
+    the piece on either side of the cut would not bring the halves closer."""
     lengths = [min(n, size) for n in lengths]
     names = iter(range(10_000))
     base = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
@@ -555,7 +545,7 @@ def test_packing_halves_the_tail_without_more_or_larger_chunks_than_greedy(lengt
     for chunk in chunks:  # whole pieces: a chunk starts where a piece starts
         assert 0 < len(chunk) <= size
         assert any(chunk[0] is piece[0] for piece in pieces)
-    assert len(chunks) <= len([g for g in greedy if g])
+    assert len(chunks) <= len(greedy)  # pieces are never over the size: no empty chunk
     assert max(map(len, chunks)) <= max(map(len, greedy))
     if total <= size:
         assert len(chunks) == 1
