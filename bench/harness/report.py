@@ -366,6 +366,37 @@ def wait_event_lines(cap: dict) -> list[str]:
     ]
 
 
+def database_work_lines(cap: dict) -> list[str]:
+    """PostgreSQL's own counters a payment, by step (``bench.harness.dbwork``)."""
+    steps = [
+        (s["rate_per_second"], s["database_work"]) for s in cap["ours"] if s.get("database_work")
+    ]
+    if not steps:
+        return []
+    lines = [
+        "",
+        "PostgreSQL's own counters over each step's window, a payment executed "
+        "(host-independent; `bench.harness.dbwork`):",
+        "",
+        "| due rate (/s) | buffer accesses | of them missed shared_buffers | WAL bytes "
+        "| full-page images | commits | payments heap + indexes at window end (MB) "
+        "| shared_buffers (MB) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for rate, work in steps:
+        share = work["read_share"]
+        lines.append(
+            f"| {fmt(rate)} | {fmt(work['buffers_per_payment'])} "
+            f"| {fmt(work['reads_per_payment'])} "
+            f"({'-' if share is None else f'{share * 100:.1f} %'}) "
+            f"| {fmt(work['wal_bytes_per_payment'])} | {fmt(work['wal_fpi_per_payment'])} "
+            f"| {fmt(work['commits_per_payment'])} "
+            f"| {fmt(work['payment_heap_mb'])} + {fmt(work['payment_indexes_mb'])} "
+            f"| {fmt(work['shared_buffers_mb'])} |"
+        )
+    return lines
+
+
 def capacity_markdown(cap: dict) -> list[str]:
     """The capacity scenario: one row per step, this service's and the peer's."""
     slo = cap["slo"]
@@ -414,6 +445,7 @@ def capacity_markdown(cap: dict) -> list[str]:
             f"| {_sweep_bound(step)} | {_batches(step)} | {_contention(step)} "
             f"| {_host_busy(cpu)} |"
         )
+    lines += database_work_lines(cap)
     lines += [
         "",
         "Celery ETA peer, same steps, no API load:",

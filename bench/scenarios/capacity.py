@@ -61,6 +61,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from bench.harness import dbwork
 from bench.harness.api_load import create_client, run_load, start_web
 from bench.harness.checks import exactly_once_check, wait_terminal
 from bench.harness.clock import clock_timestamp, db_now, set_due_at
@@ -340,6 +341,7 @@ def our_step(ctx: Ours, index: int, rate: float) -> dict:
         loader.start()
     sleep_until(t0_mono)
     cpu0 = cpu_mark(ctx)
+    work0 = dbwork.mark()
     sweeps0 = multiprocess_histogram(ctx.metrics_dir, SWEEP_INTERVAL_METRIC)
     runs0 = multiprocess_histogram(ctx.metrics_dir, SWEEP_DURATION_METRIC)
     batches0 = multiprocess_histogram_totals(ctx.metrics_dir, BATCH_SIZE_METRIC)
@@ -353,6 +355,7 @@ def our_step(ctx: Ours, index: int, rate: float) -> dict:
         # to 30 s past it) trickle out at a falling rate, which is not this step's.
         window_end = db_now()
         cpu_window = cpu_since(ctx, cpu0)
+        work1 = dbwork.mark()
         batches1 = multiprocess_histogram_totals(ctx.metrics_dir, BATCH_SIZE_METRIC)
         sizes1 = multiprocess_histogram(ctx.metrics_dir, BATCH_SIZE_METRIC)
         items1 = multiprocess_counters(ctx.metrics_dir, list(CONTENTION_COUNTERS.values()))
@@ -360,6 +363,7 @@ def our_step(ctx: Ours, index: int, rate: float) -> dict:
     mine = Payment.objects.filter(from_account__in=ctx.sources, due_at__gte=t0)
     open_at_window_end = mine.filter(status__in=OPEN_STATUSES).count()
     dead_rows = payment_dead_rows()
+    sizes_at_end = dbwork.table_sizes()
     remaining = wait_terminal(ctx.timeout)
     end = db_now()
     cpu_step = cpu_since(ctx, cpu0)
@@ -412,6 +416,9 @@ def our_step(ctx: Ours, index: int, rate: float) -> dict:
         "cpu": cpu_report(cpu_window, executed_window),
         # from T0 until every payment was terminal (the API's tail included)
         "cpu_whole_step": cpu_report(cpu_step, executed),
+        # PostgreSQL's own counters over the window (bench.harness.dbwork): the
+        # host-independent part of the database's cost a payment
+        "database_work": {**dbwork.report(work0, work1, executed_window), **sizes_at_end},
         "worker_ms_per_payment_above_idle": above_idle_ms_per_payment(
             cpu_window.worker, cpu_window.wall, ctx.idle_worker_ms_per_second, executed_window
         ),

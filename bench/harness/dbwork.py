@@ -1,0 +1,107 @@
+"""The database's work over a scenario's window, counted by PostgreSQL itself.
+
+CPU seconds on these VMs move with the host (a busy or drifting host charges
+the same statements more, README "Machine and method"); the server's own
+counters do not. ``mark()`` reads them at a window's start, ``since(mark,
+executed)`` at its end, per executed payment:
+
+- buffer accesses (``pg_stat_database.blks_hit + blks_read``) and the share
+  that missed ``shared_buffers`` (``blks_read``: a copy from the OS's page
+  cache, or a disk read) — the work the statements did, in 8 KB pages;
+- WAL records, bytes and full-page images (``pg_stat_wal``): an FPI is a
+  whole page written again on its first change after a checkpoint, so more
+  distinct pages touched between checkpoints show up here;
+- commits and rollbacks (``pg_stat_database``);
+- and, at the window's end, the size of ``payments_payment`` (heap and
+  indexes) against ``shared_buffers``.
+
+The database counters are the scenario's database only; the WAL's are the
+server's (every database: the bench runs nothing else). A backend reports
+its counters at the end of a transaction at most once a second, and an idle
+one within ~10 s (PostgreSQL 15's ``pgstat_report_stat``), so a window's edges
+are blurred by a second or so of the steady load on each side — a few
+percent of a 120 s window, the same at every step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DATABASE_SQL = """
+SELECT xact_commit, xact_rollback, blks_hit, blks_read
+  FROM pg_stat_database
+ WHERE datname = current_database()
+"""
+WAL_SQL = "SELECT wal_records, wal_fpi, wal_bytes FROM pg_stat_wal"
+SIZE_SQL = """
+SELECT pg_relation_size('payments_payment'),
+       pg_indexes_size('payments_payment'),
+       (SELECT setting::bigint * 8192 FROM pg_settings WHERE name = 'shared_buffers')
+"""
+MB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Counters:
+    commits: int
+    rollbacks: int
+    hits: int
+    reads: int
+    wal_records: int
+    wal_fpi: int
+    wal_bytes: int
+
+
+def mark() -> Counters:
+    """The counters now (a Django connection of the calling thread)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(DATABASE_SQL)
+        commits, rollbacks, hits, reads = cursor.fetchone()
+        cursor.execute(WAL_SQL)
+        records, fpi, wal_bytes = cursor.fetchone()
+    return Counters(commits, rollbacks, hits, reads, records, fpi, int(wal_bytes))
+
+
+def table_sizes() -> dict:
+    """payments_payment's heap and indexes against shared_buffers, in MB."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(SIZE_SQL)
+        heap, indexes, buffers = cursor.fetchone()
+    return {
+        "payment_heap_mb": round(heap / MB, 1),
+        "payment_indexes_mb": round(indexes / MB, 1),
+        "shared_buffers_mb": round(buffers / MB, 1),
+    }
+
+
+def per_payment(value: int, executed: int, digits: int = 2) -> float | None:
+    return round(value / executed, digits) if executed else None
+
+
+def report(before: Counters, after: Counters, executed: int) -> dict:
+    """The window's database work, in total and per executed payment."""
+    hits, reads = after.hits - before.hits, after.reads - before.reads
+    accesses = hits + reads
+    fpi = after.wal_fpi - before.wal_fpi
+    wal_bytes = after.wal_bytes - before.wal_bytes
+    commits = after.commits - before.commits
+    return {
+        "executed": executed,
+        "commits": commits,
+        "rollbacks": after.rollbacks - before.rollbacks,
+        "buffer_accesses": accesses,
+        "buffer_reads": reads,  # of the accesses, those that missed shared_buffers
+        "read_share": round(reads / accesses, 4) if accesses else None,
+        "wal_records": after.wal_records - before.wal_records,
+        "wal_fpi": fpi,
+        "wal_mb": round(wal_bytes / MB, 1),
+        "buffers_per_payment": per_payment(accesses, executed, 1),
+        "reads_per_payment": per_payment(reads, executed),
+        "wal_bytes_per_payment": per_payment(wal_bytes, executed, 0),
+        "wal_fpi_per_payment": per_payment(fpi, executed, 3),
+        "commits_per_payment": per_payment(commits, executed, 4),
+    }

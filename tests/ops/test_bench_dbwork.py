@@ -1,0 +1,102 @@
+"""The capacity report's database-work table: PostgreSQL's own counters
+(buffer accesses, WAL, commits) over a step's window, a payment executed.
+
+CPU seconds move with the host; these counts do not, so a step that costs the
+database more a payment can be told apart from a host that charged more. A
+counter read from the wrong view, a delta taken the wrong way round or a table
+that lost a column fails here, not as a plausible number in a report.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from django.db import connection
+
+from bench.harness import dbwork
+from bench.harness.report import capacity_markdown
+from tests.factories import AccountFactory
+from tests.ops.test_bench_batches import REPORT, cells
+
+postgresql_only = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="PostgreSQL's statistics views"
+)
+
+
+def flush_stats() -> None:
+    """This backend's pending statistics into the shared counters now (PostgreSQL
+    15 reports them at most once a second otherwise)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+        cursor.execute("SELECT 1")  # the flush happens at this statement's end
+
+
+@postgresql_only
+@pytest.mark.django_db(transaction=True)
+def test_a_window_counts_the_commits_pages_and_wal_of_its_work():
+    flush_stats()
+    before = dbwork.mark()
+    for _ in range(5):
+        AccountFactory()  # five transactions, each writing rows (autocommit)
+    flush_stats()
+    after = dbwork.mark()
+    work = dbwork.report(before, after, executed=5)
+    assert work["commits"] >= 5
+    assert work["buffer_accesses"] > 0 and 0 <= work["buffer_reads"] <= work["buffer_accesses"]
+    assert work["wal_records"] >= 5 and work["wal_mb"] >= 0
+    assert work["buffers_per_payment"] == round(work["buffer_accesses"] / 5, 1)
+    assert work["commits_per_payment"] == round(work["commits"] / 5, 4)
+    sizes = dbwork.table_sizes()
+    assert sizes["shared_buffers_mb"] > 0 and sizes["payment_heap_mb"] >= 0
+
+
+def test_report_is_after_minus_before_per_payment():
+    before = dbwork.Counters(100, 1, 1_000, 10, 50, 2, 8_192)
+    after = dbwork.Counters(110, 3, 5_000, 410, 250, 22, 8_192 + 3 * dbwork.MB)
+    assert dbwork.report(before, after, executed=200) == {
+        "executed": 200,
+        "commits": 10,
+        "rollbacks": 2,
+        "buffer_accesses": 4_400,
+        "buffer_reads": 400,
+        "read_share": 0.0909,
+        "wal_records": 200,
+        "wal_fpi": 20,
+        "wal_mb": 3.0,
+        "buffers_per_payment": 22.0,
+        "reads_per_payment": 2.0,
+        "wal_bytes_per_payment": 15_729.0,
+        "wal_fpi_per_payment": 0.1,
+        "commits_per_payment": 0.05,
+    }
+    idle = dbwork.report(before, before, executed=0)
+    assert idle["read_share"] is None and idle["buffers_per_payment"] is None
+
+
+def test_the_table_has_a_row_per_measured_step():
+    cap = json.loads(REPORT.read_text())["results"]["capacity"]
+    assert not any("database_work" in step for step in cap["ours"])
+    assert "shared_buffers (MB)" not in "\n".join(capacity_markdown(cap))  # older reports
+    run, _ = cap["ours"]
+    measured = copy.deepcopy(run)
+    measured["database_work"] = {
+        **dbwork.report(
+            dbwork.Counters(0, 0, 0, 0, 0, 0, 0),
+            dbwork.Counters(50, 0, 9_000, 1_000, 700, 30, 600_000),
+            executed=100,
+        ),
+        "payment_heap_mb": 210.5,
+        "payment_indexes_mb": 97.25,
+        "shared_buffers_mb": 128.0,
+    }
+    cap["ours"] += [{"rate_per_second": 3000, "skipped": True}, measured]
+    lines = capacity_markdown(cap)
+    header = lines.index(next(line for line in lines if "shared_buffers (MB)" in line))
+    table = lines[header : lines.index("", header)]
+    assert len(table) == 3  # header, rule, the one measured step
+    assert len(cells(table[2])) == len(cells(table[0]))
+    assert cells(table[2]) == [
+        *("100", "100", "10 (10.0 %)", "6,000", "0.3", "0.5", "210 + 97.25", "128")
+    ]
