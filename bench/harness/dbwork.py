@@ -12,6 +12,9 @@ executed)`` at its end, per executed payment:
   whole page written again on its first change after a checkpoint, so more
   distinct pages touched between checkpoints show up here;
 - commits and rollbacks (``pg_stat_database``);
+- the same accesses by table (heap and its indexes) and by index, the
+  ``TOP`` busiest of each (``pg_statio_user_tables``/``_indexes``): which
+  relation's pages the payments cost;
 - and, at the window's end, the size of ``payments_payment`` (heap and
   indexes) against ``shared_buffers``.
 
@@ -25,7 +28,7 @@ percent of a 120 s window, the same at every step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 DATABASE_SQL = """
 SELECT xact_commit, xact_rollback, blks_hit, blks_read
@@ -38,7 +41,17 @@ SELECT pg_relation_size('payments_payment'),
        pg_indexes_size('payments_payment'),
        (SELECT setting::bigint * 8192 FROM pg_settings WHERE name = 'shared_buffers')
 """
+TABLES_SQL = """
+SELECT relname,
+       heap_blks_hit + heap_blks_read
+         + coalesce(toast_blks_hit, 0) + coalesce(toast_blks_read, 0),
+       coalesce(idx_blks_hit, 0) + coalesce(idx_blks_read, 0)
+         + coalesce(tidx_blks_hit, 0) + coalesce(tidx_blks_read, 0)
+  FROM pg_statio_user_tables
+"""
+INDEXES_SQL = "SELECT indexrelname, idx_blks_hit + idx_blks_read FROM pg_statio_user_indexes"
 MB = 1024 * 1024
+TOP = 8
 
 
 @dataclass(frozen=True)
@@ -50,6 +63,8 @@ class Counters:
     wal_records: int
     wal_fpi: int
     wal_bytes: int
+    tables: dict[str, tuple[int, int]] = field(default_factory=dict)  # (heap, indexes)
+    indexes: dict[str, int] = field(default_factory=dict)
 
 
 def mark() -> Counters:
@@ -61,7 +76,11 @@ def mark() -> Counters:
         commits, rollbacks, hits, reads = cursor.fetchone()
         cursor.execute(WAL_SQL)
         records, fpi, wal_bytes = cursor.fetchone()
-    return Counters(commits, rollbacks, hits, reads, records, fpi, int(wal_bytes))
+        cursor.execute(TABLES_SQL)
+        tables = {name: (heap, indexes) for name, heap, indexes in cursor.fetchall()}
+        cursor.execute(INDEXES_SQL)
+        indexes = dict(cursor.fetchall())
+    return Counters(commits, rollbacks, hits, reads, records, fpi, int(wal_bytes), tables, indexes)
 
 
 def table_sizes() -> dict:
@@ -104,4 +123,26 @@ def report(before: Counters, after: Counters, executed: int) -> dict:
         "wal_bytes_per_payment": per_payment(wal_bytes, executed, 0),
         "wal_fpi_per_payment": per_payment(fpi, executed, 3),
         "commits_per_payment": per_payment(commits, executed, 4),
+        # [name, heap, indexes] a payment, the TOP tables by the two together
+        "tables_per_payment": top(
+            {
+                name: [a - b for a, b in zip(counts, before.tables.get(name, (0, 0)), strict=True)]
+                for name, counts in after.tables.items()
+            },
+            executed,
+        ),
+        # [name, accesses] a payment, the TOP indexes
+        "indexes_per_payment": top(
+            {name: [count - before.indexes.get(name, 0)] for name, count in after.indexes.items()},
+            executed,
+        ),
     }
+
+
+def top(deltas: dict[str, list[int]], executed: int) -> list[list]:
+    """The ``TOP`` relations by their summed accesses, each ``[name, *per payment]``;
+    empty without payments."""
+    if not executed:
+        return []
+    ranked = sorted(deltas.items(), key=lambda item: (-sum(item[1]), item[0]))[:TOP]
+    return [[name, *(per_payment(v, executed, 1) for v in values)] for name, values in ranked]

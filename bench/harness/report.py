@@ -193,6 +193,7 @@ def suite_markdown(report: dict) -> str:
             f"- CPU over {fmt(cpu['wall_seconds'])} s: worker {fmt(cpu['worker_cpu_seconds'])} s, "
             f"beat {fmt(cpu['beat_cpu_seconds'])} s, PostgreSQL "
             f"{fmt(cpu['postgres_cpu_seconds'])} s; worker RSS {fmt(cpu['worker_rss_mb'])} MB",
+            *database_work_line(d.get("database_work")),
             f"- checks: {json.dumps(d['checks'])}",
         ]
     s = r.get("steady")
@@ -366,6 +367,20 @@ def wait_event_lines(cap: dict) -> list[str]:
     ]
 
 
+def database_work_line(work: dict | None) -> list[str]:
+    """A drain's PostgreSQL counters a payment (``bench.harness.dbwork``), if measured."""
+    if not work:
+        return []
+    return [
+        f"- PostgreSQL a payment: {fmt(work['buffers_per_payment'])} buffer accesses "
+        f"({fmt(work['reads_per_payment'])} missed shared_buffers), "
+        f"{fmt(work['wal_bytes_per_payment'])} WAL bytes, {fmt(work['wal_fpi_per_payment'])} "
+        f"full-page images, {fmt(work['commits_per_payment'])} commits; payments_payment "
+        f"{fmt(work['payment_heap_mb'])} + {fmt(work['payment_indexes_mb'])} MB (heap + indexes) "
+        f"against shared_buffers {fmt(work['shared_buffers_mb'])} MB"
+    ]
+
+
 def database_work_lines(cap: dict) -> list[str]:
     """PostgreSQL's own counters a payment, by step (``bench.harness.dbwork``)."""
     steps = [
@@ -393,6 +408,24 @@ def database_work_lines(cap: dict) -> list[str]:
             f"| {fmt(work['commits_per_payment'])} "
             f"| {fmt(work['payment_heap_mb'])} + {fmt(work['payment_indexes_mb'])} "
             f"| {fmt(work['shared_buffers_mb'])} |"
+        )
+    for rate, work in steps:
+        lines += relation_lines(f"{fmt(rate)}/s", work)
+    return lines
+
+
+def relation_lines(label: str, work: dict) -> list[str]:
+    """The busiest tables (heap + indexes) and indexes a payment, if measured."""
+    lines = []
+    if work.get("tables_per_payment"):
+        lines.append(
+            f"- {label}, buffer accesses a payment by table (heap + indexes): "
+            + ", ".join(f"{n} {fmt(h)} + {fmt(i)}" for n, h, i in work["tables_per_payment"])
+        )
+    if work.get("indexes_per_payment"):
+        lines.append(
+            f"- {label}, by index: "
+            + ", ".join(f"{n} {fmt(v)}" for n, v in work["indexes_per_payment"])
         )
     return lines
 

@@ -11,6 +11,7 @@ import threading
 import time
 from datetime import timedelta
 
+from bench.harness import dbwork
 from bench.harness.checks import exactly_once_check, wait_terminal
 from bench.harness.clock import db_now, lateness_rows, set_due_at
 from bench.harness.db import prepare
@@ -79,11 +80,13 @@ def run(args, hot: bool = False) -> dict:
             postgres_cpu(),
             tree_cpu_seconds(timers.pid),
         )
+        work0 = dbwork.mark()
         wall0 = time.monotonic()
         sampler = threading.Thread(target=progress_sampler, args=(t0_mono, samples, stop))
         sampler.start()
         remaining = wait_terminal(args.timeout, poll=0.25)
         wall = time.monotonic() - wall0
+        work1 = dbwork.mark()
         cpu1 = (
             tree_cpu_seconds(worker.pid),
             tree_cpu_seconds(beat.pid),
@@ -120,6 +123,12 @@ def run(args, hot: bool = False) -> dict:
             "beat_cpu_seconds": round(cpu1[1] - cpu0[1], 1),
             "postgres_cpu_seconds": round(pg_cpu, 1),
             "worker_rss_mb": rss,
+        },
+        # PostgreSQL's own counters from T0 to the last payment (bench.harness.dbwork;
+        # the progress sampler's count every 0.5 s included)
+        "database_work": {
+            **dbwork.report(work0, work1, checks["completed"]),
+            **dbwork.table_sizes(),
         },
         "checks": checks,
         "series": {"progress": samples, "lateness_cdf": cdf(lateness)},

@@ -16,7 +16,7 @@ import pytest
 from django.db import connection
 
 from bench.harness import dbwork
-from bench.harness.report import capacity_markdown
+from bench.harness.report import capacity_markdown, database_work_line, relation_lines
 from tests.factories import AccountFactory
 from tests.ops.test_bench_batches import REPORT, cells
 
@@ -44,6 +44,8 @@ def test_a_window_counts_the_commits_pages_and_wal_of_its_work():
     after = dbwork.mark()
     work = dbwork.report(before, after, executed=5)
     assert work["commits"] >= 5
+    tables = {name: heap + indexes for name, heap, indexes in work["tables_per_payment"]}
+    assert tables.get("ledger_account", 0) > 0  # the five INSERTs' pages
     assert work["buffer_accesses"] > 0 and 0 <= work["buffer_reads"] <= work["buffer_accesses"]
     assert work["wal_records"] >= 5 and work["wal_mb"] >= 0
     assert work["buffers_per_payment"] == round(work["buffer_accesses"] / 5, 1)
@@ -70,9 +72,50 @@ def test_report_is_after_minus_before_per_payment():
         "wal_bytes_per_payment": 15_729.0,
         "wal_fpi_per_payment": 0.1,
         "commits_per_payment": 0.05,
+        "tables_per_payment": [],
+        "indexes_per_payment": [],
     }
     idle = dbwork.report(before, before, executed=0)
     assert idle["read_share"] is None and idle["buffers_per_payment"] is None
+
+
+def test_the_busiest_relations_per_payment():
+    before = dbwork.Counters(
+        *(0,) * 7,
+        tables={"payments_payment": (1_000, 2_000), "ledger_posting": (10, 10)},
+        indexes={"payments_payment_pkey": 500},
+    )
+    after = dbwork.Counters(
+        *(0,) * 7,
+        tables={
+            "payments_payment": (3_000, 8_000),  # 2,000 + 6,000
+            "ledger_posting": (4_010, 4_010),  # 4,000 + 4,000: as many, ranked by name
+            "ledger_account": (50, 0),  # new since before
+        },
+        indexes={"payments_payment_pkey": 4_500, "ledger_posting_pkey": 100},
+    )
+    work = dbwork.report(before, after, executed=100)
+    assert work["tables_per_payment"] == [
+        ["ledger_posting", 40.0, 40.0],
+        ["payments_payment", 20.0, 60.0],
+        ["ledger_account", 0.5, 0.0],
+    ]
+    assert work["indexes_per_payment"] == [
+        ["payments_payment_pkey", 40.0],
+        ["ledger_posting_pkey", 1.0],
+    ]
+    many = {f"t{i}": (i, 0) for i in range(20)}
+    ranked = dbwork.report(dbwork.Counters(*(0,) * 7), dbwork.Counters(*(0,) * 7, tables=many), 1)
+    assert [name for name, *_ in ranked["tables_per_payment"]] == [
+        f"t{i}" for i in range(19, 19 - dbwork.TOP, -1)
+    ]
+    assert dbwork.report(before, after, executed=0)["tables_per_payment"] == []
+    assert relation_lines("1,000/s", work) == [
+        "- 1,000/s, buffer accesses a payment by table (heap + indexes): ledger_posting 40 + 40, "
+        "payments_payment 20 + 60, ledger_account 0.5 + 0",
+        "- 1,000/s, by index: payments_payment_pkey 40, ledger_posting_pkey 1",
+    ]
+    assert relation_lines("1,000/s", {"tables_per_payment": [], "indexes_per_payment": []}) == []
 
 
 def test_the_table_has_a_row_per_measured_step():
@@ -99,4 +142,23 @@ def test_the_table_has_a_row_per_measured_step():
     assert len(cells(table[2])) == len(cells(table[0]))
     assert cells(table[2]) == [
         *("100", "100", "10 (10.0 %)", "6,000", "0.3", "0.5", "210 + 97.25", "128")
+    ]
+
+
+def test_the_drain_s_line():
+    assert database_work_line(None) == []
+    work = {
+        **dbwork.report(
+            dbwork.Counters(0, 0, 0, 0, 0, 0, 0),
+            dbwork.Counters(600, 0, 3_975_000, 25_000, 900_000, 1_000, 500_000_000),
+            executed=100_000,
+        ),
+        "payment_heap_mb": 61.0,
+        "payment_indexes_mb": 30.5,
+        "shared_buffers_mb": 128.0,
+    }
+    assert database_work_line(work) == [
+        "- PostgreSQL a payment: 40 buffer accesses (0.25 missed shared_buffers), 5,000 WAL "
+        "bytes, 0.01 full-page images, 0.006 commits; payments_payment 61 + 30.5 MB (heap + "
+        "indexes) against shared_buffers 128 MB"
     ]
