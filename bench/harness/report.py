@@ -377,7 +377,8 @@ def database_work_line(work: dict | None) -> list[str]:
         f"{fmt(work['wal_bytes_per_payment'])} WAL bytes, {fmt(work['wal_fpi_per_payment'])} "
         f"full-page images, {fmt(work['commits_per_payment'])} commits; payments_payment "
         f"{fmt(work['payment_heap_mb'])} + {fmt(work['payment_indexes_mb'])} MB (heap + indexes) "
-        f"against shared_buffers {fmt(work['shared_buffers_mb'])} MB"
+        f"against shared_buffers {fmt(work['shared_buffers_mb'])} MB",
+        *relation_lines("the drain", work),
     ]
 
 

@@ -162,3 +162,8 @@ def test_the_drain_s_line():
         "bytes, 0.01 full-page images, 0.006 commits; payments_payment 61 + 30.5 MB (heap + "
         "indexes) against shared_buffers 128 MB"
     ]
+    work["tables_per_payment"] = [["payments_payment", 37.0, 45.7]]
+    assert database_work_line(work)[1:] == [
+        "- the drain, buffer accesses a payment by table (heap + indexes): "
+        "payments_payment 37 + 45.7"
+    ]
