@@ -11,7 +11,9 @@ Django's full request stack (middleware,
 authentication, throttles, DRF, renderer) with ``django.test.Client`` in this
 process — no HTTP server, no network, no other load — so the numbers are the
 application's own cost. Reports per request: mean and p50 wall time, CPU time
-(``time.process_time``), and the SQL statements run (each distinct statement
+(``time.process_time``), PostgreSQL's CPU (every server process, read from
+the OS: the statements' own cost, plus the idle server's ~7 ms a second), and
+the SQL statements run (each distinct statement
 listed once with its count). ``--profile`` runs cProfile over one kind of
 request and prints the top functions by cumulative CPU time (``--dump FILE``
 also writes its pstats file, for callers/callees or a flame graph).
@@ -44,7 +46,7 @@ from datetime import UTC, datetime
 
 from bench.harness.api_load import create_client
 from bench.harness.db import prepare
-from bench.harness.metrics import percentile
+from bench.harness.metrics import percentile, postgres_cpu, postgres_cpu_since
 from bench.harness.report import write_report
 
 DATABASE = "scheduler_bench_apicost"
@@ -56,17 +58,21 @@ def measure(call, n: int) -> dict:
     for _ in range(20):
         call()
     walls = []
+    pg_start = postgres_cpu()
     cpu_start = time.process_time()
     for _ in range(n):
         started = time.perf_counter()
         call()
         walls.append((time.perf_counter() - started) * 1000)
     cpu = (time.process_time() - cpu_start) * 1000 / n
+    pg_cpu = postgres_cpu_since(pg_start) * 1000 / n
     walls.sort()
     return {
         "wall_ms_mean": round(sum(walls) / n, 3),
         "wall_ms_p50": round(percentile(walls, 50), 3),
         "cpu_ms_mean": round(cpu, 3),
+        # every PostgreSQL process on the host, idle ones included (~7 ms a second)
+        "postgres_cpu_ms_mean": round(pg_cpu, 3),
     }
 
 
@@ -221,7 +227,8 @@ def run(args, served: dict) -> int:
         report[name] = measure(call, args.n) | {"queries": count, "statements": shapes}
         print(
             f"{name}: wall mean {report[name]['wall_ms_mean']} ms, "
-            f"CPU {report[name]['cpu_ms_mean']} ms, {count} queries"
+            f"CPU {report[name]['cpu_ms_mean']} ms, PostgreSQL "
+            f"{report[name]['postgres_cpu_ms_mean']} ms, {count} queries"
         )
         for times, sql in shapes:
             print(f"   {times} x {sql}")

@@ -167,3 +167,24 @@ def test_the_drain_s_line():
         "- the drain, buffer accesses a payment by table (heap + indexes): "
         "payments_payment 37 + 45.7"
     ]
+
+
+@postgresql_only
+@pytest.mark.django_db
+def test_api_cost_counts_the_server_s_cpu_a_call():
+    """bench/api_cost.py's PostgreSQL column: the server's CPU over the measured
+    calls, per call — work done in the database shows there, not in the
+    calling process's own CPU."""
+    from bench.scenarios.api_cost import measure
+
+    def heavy():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM generate_series(1, 300000)")
+
+    def light():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+
+    busy, idle = measure(heavy, 10), measure(light, 10)
+    assert busy["postgres_cpu_ms_mean"] >= 5 * max(idle["postgres_cpu_ms_mean"], 1)
+    assert busy["postgres_cpu_ms_mean"] > 3 * busy["cpu_ms_mean"]
