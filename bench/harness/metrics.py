@@ -138,53 +138,72 @@ def postgres_cpu_since(before: PostgresCpu) -> float:
 
 
 # ---------------------------------------------------------------- Prometheus
-def _samples(path: str, names: set[str]) -> list:
-    """The samples of the metrics ``names`` (as their families are named: a
-    counter without ``_total``) summed over every process that wrote to the
-    multiprocess directory ``path`` (the service's ``PROMETHEUS_MULTIPROC_DIR``);
-    empty when no process has exported them."""
+@dataclass(frozen=True)
+class Snapshot:
+    """Every metric family of a multiprocess directory (the service's
+    ``PROMETHEUS_MULTIPROC_DIR``), each family's samples summed over every
+    process that wrote to it, read once (``multiprocess_snapshot``). The
+    readers below take a snapshot or a directory: a window's edge reads the
+    directory once and hands the snapshot to each, instead of every reader
+    reading every process's file again."""
+
+    families: dict[str, list]  # by family name: a counter's without ``_total``
+
+
+def multiprocess_snapshot(path: str) -> Snapshot:
+    """The directory ``path`` now (``Snapshot``)."""
     from prometheus_client import CollectorRegistry, multiprocess
 
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry, path=path)
-    return [s for family in registry.collect() if family.name in names for s in family.samples]
+    return Snapshot({family.name: family.samples for family in registry.collect()})
 
 
-def _histogram_samples(path: str, name: str) -> list:
+Source = str | Snapshot  # a multiprocess directory, or a snapshot of one
+
+
+def _samples(source: Source, names: set[str]) -> list:
+    """The samples of the families ``names``; empty when no process has
+    exported them. A directory is read for the call."""
+    snapshot = source if isinstance(source, Snapshot) else multiprocess_snapshot(source)
+    return [sample for name in sorted(names) for sample in snapshot.families.get(name, [])]
+
+
+def _histogram_samples(source: Source, name: str) -> list:
     """The samples of the histogram ``name`` (``_samples``)."""
-    return _samples(path, {name})
+    return _samples(source, {name})
 
 
-def multiprocess_counters(path: str, names: list[str]) -> dict[str, float]:
+def multiprocess_counters(source: Source, names: list[str]) -> dict[str, float]:
     """Each counter of ``names`` (``payments_collapsed_total``, say) summed over
-    every process and label value that wrote to ``path``; 0.0 for one that no
+    every process and label value that wrote to ``source``; 0.0 for one that no
     process has incremented (a labelless counter is exported from its creation,
     so a misspelt name reads 0.0 too: the tests read them as the service writes
     them)."""
     totals = dict.fromkeys(names, 0.0)
-    for sample in _samples(path, {name.removesuffix("_total") for name in names}):
+    for sample in _samples(source, {name.removesuffix("_total") for name in names}):
         if sample.name in totals:
             totals[sample.name] += sample.value
     return totals
 
 
-def multiprocess_histogram(path: str, name: str) -> dict[float, float] | None:
+def multiprocess_histogram(source: Source, name: str) -> dict[float, float] | None:
     """Cumulative bucket counts ``{upper bound: count}`` (``inf`` for ``+Inf``) of the
     histogram ``name`` (``_histogram_samples``); None when no process has exported it."""
     buckets: dict[float, float] = {}
-    for sample in _histogram_samples(path, name):
+    for sample in _histogram_samples(source, name):
         if sample.name == f"{name}_bucket":
             le = float(sample.labels["le"])
             buckets[le] = buckets.get(le, 0.0) + sample.value
     return buckets or None
 
 
-def multiprocess_histogram_totals(path: str, name: str) -> tuple[float, float] | None:
+def multiprocess_histogram_totals(source: Source, name: str) -> tuple[float, float] | None:
     """(count, sum) of the histogram ``name`` (``_histogram_samples``); None when no
     process has exported it."""
     count = total = 0.0
     found = False
-    for sample in _histogram_samples(path, name):
+    for sample in _histogram_samples(source, name):
         if sample.name == f"{name}_count":
             count += sample.value
             found = True

@@ -76,6 +76,7 @@ from bench.harness.metrics import (
     multiprocess_counters,
     multiprocess_histogram,
     multiprocess_histogram_totals,
+    multiprocess_snapshot,
     own_cpu_seconds,
     percentile,
     postgres_cpu,
@@ -342,11 +343,12 @@ def our_step(ctx: Ours, index: int, rate: float) -> dict:
     sleep_until(t0_mono)
     cpu0 = cpu_mark(ctx)
     work0 = dbwork.mark()
-    sweeps0 = multiprocess_histogram(ctx.metrics_dir, SWEEP_INTERVAL_METRIC)
-    runs0 = multiprocess_histogram(ctx.metrics_dir, SWEEP_DURATION_METRIC)
-    batches0 = multiprocess_histogram_totals(ctx.metrics_dir, BATCH_SIZE_METRIC)
-    sizes0 = multiprocess_histogram(ctx.metrics_dir, BATCH_SIZE_METRIC)
-    items0 = multiprocess_counters(ctx.metrics_dir, list(CONTENTION_COUNTERS.values()))
+    start = multiprocess_snapshot(ctx.metrics_dir)  # the service's metrics, read once an edge
+    sweeps0 = multiprocess_histogram(start, SWEEP_INTERVAL_METRIC)
+    runs0 = multiprocess_histogram(start, SWEEP_DURATION_METRIC)
+    batches0 = multiprocess_histogram_totals(start, BATCH_SIZE_METRIC)
+    sizes0 = multiprocess_histogram(start, BATCH_SIZE_METRIC)
+    items0 = multiprocess_counters(start, list(CONTENTION_COUNTERS.values()))
     with LockWaitSampler() as lock_waits:
         if with_api:
             loader.join()
@@ -356,9 +358,10 @@ def our_step(ctx: Ours, index: int, rate: float) -> dict:
         window_end = db_now()
         cpu_window = cpu_since(ctx, cpu0)
         work1 = dbwork.mark()
-        batches1 = multiprocess_histogram_totals(ctx.metrics_dir, BATCH_SIZE_METRIC)
-        sizes1 = multiprocess_histogram(ctx.metrics_dir, BATCH_SIZE_METRIC)
-        items1 = multiprocess_counters(ctx.metrics_dir, list(CONTENTION_COUNTERS.values()))
+        window_edge = multiprocess_snapshot(ctx.metrics_dir)
+        batches1 = multiprocess_histogram_totals(window_edge, BATCH_SIZE_METRIC)
+        sizes1 = multiprocess_histogram(window_edge, BATCH_SIZE_METRIC)
+        items1 = multiprocess_counters(window_edge, list(CONTENTION_COUNTERS.values()))
     lock_wait_summary = lock_waits.summary()
     mine = Payment.objects.filter(from_account__in=ctx.sources, due_at__gte=t0)
     open_at_window_end = mine.filter(status__in=OPEN_STATUSES).count()
@@ -367,8 +370,9 @@ def our_step(ctx: Ours, index: int, rate: float) -> dict:
     remaining = wait_terminal(ctx.timeout)
     end = db_now()
     cpu_step = cpu_since(ctx, cpu0)
-    sweeps1 = multiprocess_histogram(ctx.metrics_dir, SWEEP_INTERVAL_METRIC)
-    runs1 = multiprocess_histogram(ctx.metrics_dir, SWEEP_DURATION_METRIC)
+    finish = multiprocess_snapshot(ctx.metrics_dir)
+    sweeps1 = multiprocess_histogram(finish, SWEEP_INTERVAL_METRIC)
+    runs1 = multiprocess_histogram(finish, SWEEP_DURATION_METRIC)
 
     lateness, censored, failed = [], 0, 0
     per_second: dict[int, list[float]] = {}

@@ -121,3 +121,30 @@ def test_the_window_s_batch_sizes_by_bucket(tmp_path):
     sizes = bucket_counts(before, multiprocess_histogram(str(tmp_path), BATCH_SIZE_METRIC))
     assert sizes["≤ 2"] == 0 and sizes["≤ 5"] == 1 and sizes["≤ 50"] == 3
     assert sizes["≤ 200"] == 4 and sizes["all"] == 4  # the 200 before the window left out
+
+
+def test_a_snapshot_reads_as_the_directory_did_when_it_was_taken(tmp_path):
+    """One read of the multiprocess directory a window edge (``multiprocess_snapshot``)
+    gives each reader what reading the directory itself gave at that moment."""
+    from bench.harness.metrics import (
+        multiprocess_counters,
+        multiprocess_histogram,
+        multiprocess_snapshot,
+    )
+    from bench.scenarios.capacity import CONTENTION_COUNTERS
+
+    path, counters = str(tmp_path), list(CONTENTION_COUNTERS.values())
+    record(tmp_path, 40, "45/2/3/5")
+    snapshot = multiprocess_snapshot(path)
+    readers = [
+        lambda source: multiprocess_histogram_totals(source, BATCH_SIZE_METRIC),
+        lambda source: multiprocess_histogram(source, BATCH_SIZE_METRIC),
+        lambda source: multiprocess_counters(source, counters),
+    ]
+    then = [read(path) for read in readers]
+    assert then[0] == (2, 85) and then[2]["payments_collapsed_total"] == 5
+    assert [read(snapshot) for read in readers] == then
+    record(tmp_path, 200)
+    assert [read(snapshot) for read in readers] == then  # a copy, not a view
+    assert multiprocess_histogram_totals(path, BATCH_SIZE_METRIC) == (3, 285)
+    assert multiprocess_histogram(snapshot, "payments_other_histogram") is None
