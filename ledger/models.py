@@ -119,7 +119,17 @@ class HoldStatus(models.TextChoices):
 class Hold(models.Model):
     """Funds reserved on an account until captured by a transfer or released."""
 
-    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="holds")
+    # Neither key has an index of its own (ledger 0006): a hold's row is
+    # written twice a payment (placed, then captured or released, never a HOT
+    # update: the status is in ``ledger_hold_active_by_account``'s predicate),
+    # and each index on it is written each time. The active holds of an
+    # account are found through that partial index; no query looks holds up by
+    # their entry, and neither parent is ever deleted (the admin refuses both;
+    # journal entries are append-only in the database), so no PROTECT or
+    # foreign-key check looks for the holds either.
+    account = models.ForeignKey(
+        Account, on_delete=models.PROTECT, related_name="holds", db_index=False
+    )
     amount = models.BigIntegerField()
     status = models.CharField(max_length=16, choices=HoldStatus.choices, default=HoldStatus.ACTIVE)
     reference = models.CharField(max_length=128, blank=True)
@@ -130,6 +140,7 @@ class Hold(models.Model):
         on_delete=models.PROTECT,
         related_name="captured_holds",
         help_text="The entry that captured this hold.",
+        db_index=False,
     )
     created_at = models.DateTimeField(db_default=Now(), editable=False)
     resolved_at = models.DateTimeField(null=True, blank=True)
