@@ -21,13 +21,16 @@ executed)`` at its end, per executed payment:
 The database counters are the scenario's database only; the WAL's are the
 server's (every database: the bench runs nothing else). A backend reports
 its counters at the end of a transaction at most once a second, and an idle
-one within ~10 s (PostgreSQL 15's ``pgstat_report_stat``), so a window's edges
-are blurred by a second or so of the steady load on each side — a few
-percent of a 120 s window, the same at every step.
+one within ~10 s (PostgreSQL 15's ``pgstat_report_stat``), so a capacity
+window's edges are blurred by a second or so of the steady load on each side
+— alike at both edges, the same at every step; the drain, after which the
+load stops, reads its end once the idle backends have reported
+(``settled_mark``).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 DATABASE_SQL = """
@@ -39,7 +42,7 @@ WAL_SQL = "SELECT wal_records, wal_fpi, wal_bytes FROM pg_stat_wal"
 SIZE_SQL = """
 SELECT pg_relation_size('payments_payment'),
        pg_indexes_size('payments_payment'),
-       (SELECT setting::bigint * 8192 FROM pg_settings WHERE name = 'shared_buffers')
+       pg_size_bytes(current_setting('shared_buffers'))
 """
 TABLES_SQL = """
 SELECT relname,
@@ -81,6 +84,19 @@ def mark() -> Counters:
         cursor.execute(INDEXES_SQL)
         indexes = dict(cursor.fetchall())
     return Counters(commits, rollbacks, hits, reads, records, fpi, int(wal_bytes), tables, indexes)
+
+
+# PostgreSQL 15 reports an idle backend's pending counts within 10 s
+# (PGSTAT_IDLE_INTERVAL); a busy one at most once a second.
+SETTLE_SECONDS = 11.0
+
+
+def settled_mark() -> Counters:
+    """``mark()`` once every backend that just went idle has reported: the end of
+    a run after which the load stops (the drain), not of a window the load runs
+    through (a capacity step, whose edges blur alike)."""
+    time.sleep(SETTLE_SECONDS)
+    return mark()
 
 
 def table_sizes() -> dict:
@@ -141,8 +157,9 @@ def report(before: Counters, after: Counters, executed: int) -> dict:
 
 def top(deltas: dict[str, list[int]], executed: int) -> list[list]:
     """The ``TOP`` relations by their summed accesses, each ``[name, *per payment]``;
-    empty without payments."""
+    relations the window did not touch left out; empty without payments."""
     if not executed:
         return []
-    ranked = sorted(deltas.items(), key=lambda item: (-sum(item[1]), item[0]))[:TOP]
+    touched = {name: values for name, values in deltas.items() if sum(values)}
+    ranked = sorted(touched.items(), key=lambda item: (-sum(item[1]), item[0]))[:TOP]
     return [[name, *(per_payment(v, executed, 1) for v in values)] for name, values in ranked]

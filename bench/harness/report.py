@@ -193,7 +193,7 @@ def suite_markdown(report: dict) -> str:
             f"- CPU over {fmt(cpu['wall_seconds'])} s: worker {fmt(cpu['worker_cpu_seconds'])} s, "
             f"beat {fmt(cpu['beat_cpu_seconds'])} s, PostgreSQL "
             f"{fmt(cpu['postgres_cpu_seconds'])} s; worker RSS {fmt(cpu['worker_rss_mb'])} MB",
-            *database_work_line(d.get("database_work")),
+            *database_work_line(d.get("database_work"), f"the {name}"),
             f"- checks: {json.dumps(d['checks'])}",
         ]
     s = r.get("steady")
@@ -367,8 +367,9 @@ def wait_event_lines(cap: dict) -> list[str]:
     ]
 
 
-def database_work_line(work: dict | None) -> list[str]:
-    """A drain's PostgreSQL counters a payment (``bench.harness.dbwork``), if measured."""
+def database_work_line(work: dict | None, label: str = "the drain") -> list[str]:
+    """A drain's (or hot's) PostgreSQL counters a payment (``bench.harness.dbwork``),
+    if measured."""
     if not work:
         return []
     return [
@@ -378,7 +379,7 @@ def database_work_line(work: dict | None) -> list[str]:
         f"full-page images, {fmt(work['commits_per_payment'])} commits; payments_payment "
         f"{fmt(work['payment_heap_mb'])} + {fmt(work['payment_indexes_mb'])} MB (heap + indexes) "
         f"against shared_buffers {fmt(work['shared_buffers_mb'])} MB",
-        *relation_lines("the drain", work),
+        *relation_lines(label, work),
     ]
 
 

@@ -86,7 +86,6 @@ def run(args, hot: bool = False) -> dict:
         sampler.start()
         remaining = wait_terminal(args.timeout, poll=0.25)
         wall = time.monotonic() - wall0
-        work1 = dbwork.mark()
         cpu1 = (
             tree_cpu_seconds(worker.pid),
             tree_cpu_seconds(beat.pid),
@@ -96,6 +95,8 @@ def run(args, hot: bool = False) -> dict:
         rss = tree_rss_mb(worker.pid)
         stop.set()
         sampler.join()
+        # the workers' last second of counts, reported once their backends idle
+        work1 = dbwork.settled_mark()
     rows = lateness_rows()
     lateness = [(e - d).total_seconds() for d, e, _ in rows]
     last = max((e for _, e, _ in rows), default=None)
@@ -124,8 +125,9 @@ def run(args, hot: bool = False) -> dict:
             "postgres_cpu_seconds": round(pg_cpu, 1),
             "worker_rss_mb": rss,
         },
-        # PostgreSQL's own counters from T0 to the last payment (bench.harness.dbwork;
-        # the progress sampler's count every 0.5 s included)
+        # PostgreSQL's own counters from T0 to the last payment and the workers' idle
+        # backends' last report (bench.harness.dbwork; the progress sampler's count
+        # of COMPLETED rows every 0.5 s included, and a few idle sweeps)
         "database_work": {
             **dbwork.report(work0, work1, checks["completed"]),
             **dbwork.table_sizes(),

@@ -104,6 +104,8 @@ def test_the_busiest_relations_per_payment():
         ["payments_payment_pkey", 40.0],
         ["ledger_posting_pkey", 1.0],
     ]
+    untouched = dbwork.Counters(*(0,) * 7, tables={"django_session": (5, 5)})
+    assert dbwork.report(untouched, untouched, 1)["tables_per_payment"] == []
     many = {f"t{i}": (i, 0) for i in range(20)}
     ranked = dbwork.report(dbwork.Counters(*(0,) * 7), dbwork.Counters(*(0,) * 7, tables=many), 1)
     assert [name for name, *_ in ranked["tables_per_payment"]] == [
@@ -163,9 +165,8 @@ def test_the_drain_s_line():
         "indexes) against shared_buffers 128 MB"
     ]
     work["tables_per_payment"] = [["payments_payment", 37.0, 45.7]]
-    assert database_work_line(work)[1:] == [
-        "- the drain, buffer accesses a payment by table (heap + indexes): "
-        "payments_payment 37 + 45.7"
+    assert database_work_line(work, "the hot")[1:] == [
+        "- the hot, buffer accesses a payment by table (heap + indexes): payments_payment 37 + 45.7"
     ]
 
 
