@@ -2,8 +2,9 @@
 
 CPU seconds on these VMs move with the host (a busy or drifting host charges
 the same statements more, README "Machine and method"); the server's own
-counters do not. ``mark()`` reads them at a window's start, ``since(mark,
-executed)`` at its end, per executed payment:
+counters do not. ``mark()`` reads them at a window's start and end, and
+``report(before, after, executed)`` gives the window's work, per executed
+payment:
 
 - buffer accesses (``pg_stat_database.blks_hit + blks_read``) and the share
   that missed ``shared_buffers`` (``blks_read``: a copy from the OS's page

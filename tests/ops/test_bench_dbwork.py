@@ -120,22 +120,26 @@ def test_the_busiest_relations_per_payment():
     assert relation_lines("1,000/s", {"tables_per_payment": [], "indexes_per_payment": []}) == []
 
 
+def work_since_zero(after, executed, *, heap_mb, indexes_mb) -> dict:
+    """A report's ``database_work`` as the scenarios build it: counters from zero to
+    ``after``, and the table's sizes against 128 MB of shared_buffers."""
+    return {
+        **dbwork.report(dbwork.Counters(*(0,) * 7), after, executed),
+        "payment_heap_mb": heap_mb,
+        "payment_indexes_mb": indexes_mb,
+        "shared_buffers_mb": 128.0,
+    }
+
+
 def test_the_table_has_a_row_per_measured_step():
     cap = json.loads(REPORT.read_text())["results"]["capacity"]
     assert not any("database_work" in step for step in cap["ours"])
     assert "shared_buffers (MB)" not in "\n".join(capacity_markdown(cap))  # older reports
     run, _ = cap["ours"]
     measured = copy.deepcopy(run)
-    measured["database_work"] = {
-        **dbwork.report(
-            dbwork.Counters(0, 0, 0, 0, 0, 0, 0),
-            dbwork.Counters(50, 0, 9_000, 1_000, 700, 30, 600_000),
-            executed=100,
-        ),
-        "payment_heap_mb": 210.5,
-        "payment_indexes_mb": 97.25,
-        "shared_buffers_mb": 128.0,
-    }
+    measured["database_work"] = work_since_zero(
+        dbwork.Counters(50, 0, 9_000, 1_000, 700, 30, 600_000), 100, heap_mb=210.5, indexes_mb=97.25
+    )
     cap["ours"] += [{"rate_per_second": 3000, "skipped": True}, measured]
     lines = capacity_markdown(cap)
     header = lines.index(next(line for line in lines if "shared_buffers (MB)" in line))
@@ -149,16 +153,12 @@ def test_the_table_has_a_row_per_measured_step():
 
 def test_the_drain_s_line():
     assert database_work_line(None) == []
-    work = {
-        **dbwork.report(
-            dbwork.Counters(0, 0, 0, 0, 0, 0, 0),
-            dbwork.Counters(600, 0, 3_975_000, 25_000, 900_000, 1_000, 500_000_000),
-            executed=100_000,
-        ),
-        "payment_heap_mb": 61.0,
-        "payment_indexes_mb": 30.5,
-        "shared_buffers_mb": 128.0,
-    }
+    work = work_since_zero(
+        dbwork.Counters(600, 0, 3_975_000, 25_000, 900_000, 1_000, 500_000_000),
+        100_000,
+        heap_mb=61.0,
+        indexes_mb=30.5,
+    )
     assert database_work_line(work) == [
         "- PostgreSQL a payment: 40 buffer accesses (0.25 missed shared_buffers), 5,000 WAL "
         "bytes, 0.01 full-page images, 0.006 commits; payments_payment 61 + 30.5 MB (heap + "

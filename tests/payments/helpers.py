@@ -136,3 +136,19 @@ def migrate(targets):
     executor.loader.build_graph()
     executor.migrate(targets)
     return executor.loader.project_state(targets).apps
+
+
+def constraints(table: str) -> dict:
+    """Every index and constraint of ``table``: name -> (columns, unique, index,
+    foreign key target)."""
+    with connection.cursor() as cursor:
+        found = connection.introspection.get_constraints(cursor, table)
+    return {
+        name: (tuple(c["columns"]), c["unique"], c["index"], c["foreign_key"])
+        for name, c in found.items()
+    }
+
+
+def foreign_keys(schema: dict) -> set:
+    """The (columns, target) of the foreign keys in ``constraints``' answer."""
+    return {(columns, foreign_key) for columns, _, _, foreign_key in schema.values() if foreign_key}
