@@ -26,7 +26,7 @@ def charts(results: dict, out: Path) -> list[str]:
             xs, ys = zip(*data["series"]["progress"], strict=True)
             ax.plot(xs, ys, label=f"{name} ({data['payments']:,})")
         ax.set_xlabel("seconds since T0")
-        ax.set_ylabel("payments completed")
+        ax.set_ylabel("payments finished (no longer open)")
         ax.set_title("Drain: payments due at the same instant")
         ax.axvline(60, color="grey", linestyle="--", linewidth=0.8)
         ax.legend()

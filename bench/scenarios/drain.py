@@ -7,7 +7,6 @@ throughput, lateness, worker / timer / beat / database CPU, worker memory.
 
 from __future__ import annotations
 
-import threading
 import time
 from datetime import timedelta
 
@@ -28,23 +27,6 @@ from bench.harness.processes import Service
 
 DATABASE = "scheduler_bench_drain"  # hot uses it too
 REDIS_DB = 8
-
-
-def progress_sampler(t0_monotonic: float, samples: list, stop) -> None:
-    """Every 0.5 s: (seconds since T0, completed) — run in a thread."""
-    from django.db import connection
-
-    from bench.harness.app import Payment
-
-    while not stop.is_set():
-        samples.append(
-            (
-                round(time.monotonic() - t0_monotonic, 2),
-                Payment.objects.filter(status="COMPLETED").count(),
-            )
-        )
-        stop.wait(0.5)
-    connection.close()
 
 
 def run(args, hot: bool = False) -> dict:
@@ -68,7 +50,6 @@ def run(args, hot: bool = False) -> dict:
     offset = (t0 - db_now()).total_seconds()
     t0_mono = time.monotonic() + offset
     samples: list = []
-    stop = threading.Event()
     with Service(env, "hot" if hot else "drain") as service:
         worker = service.worker(args.concurrency)
         timers = service.timers()
@@ -82,9 +63,13 @@ def run(args, hot: bool = False) -> dict:
         )
         work0 = dbwork.mark()
         wall0 = time.monotonic()
-        sampler = threading.Thread(target=progress_sampler, args=(t0_mono, samples, stop))
-        sampler.start()
-        remaining = wait_terminal(args.timeout, poll=0.25)
+        # progress: (seconds since T0, payments finished), from wait_terminal's own
+        # count of the open ones: no second query stream in the measured window
+        remaining = wait_terminal(
+            args.timeout,
+            poll=0.25,
+            on_poll=lambda left: samples.append((round(time.monotonic() - t0_mono, 2), n - left)),
+        )
         wall = time.monotonic() - wall0
         cpu1 = (
             tree_cpu_seconds(worker.pid),
@@ -93,8 +78,6 @@ def run(args, hot: bool = False) -> dict:
         )
         pg_cpu = postgres_cpu_since(cpu0[2])
         rss = tree_rss_mb(worker.pid)
-        stop.set()
-        sampler.join()
         # the workers' last second of counts, reported once their backends idle
         work1 = dbwork.settled_mark()
     rows = lateness_rows()
@@ -126,8 +109,8 @@ def run(args, hot: bool = False) -> dict:
             "worker_rss_mb": rss,
         },
         # PostgreSQL's own counters from T0 to the last payment and the workers' idle
-        # backends' last report (bench.harness.dbwork; the progress sampler's count
-        # of COMPLETED rows every 0.5 s included, and a few idle sweeps)
+        # backends' last report (bench.harness.dbwork; wait_terminal's count of the
+        # open rows every 0.25 s included, and a few idle sweeps)
         "database_work": {
             **dbwork.report(work0, work1, checks["completed"]),
             **dbwork.table_sizes(),
