@@ -121,6 +121,10 @@ materialize_duration = Histogram(
     "Duration of one materialiser run (time-boxed by RECURRING_MATERIALIZE_BUDGET_SECONDS)",
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10),
 )
+reaper_budget_exhausted = Counter(
+    "payments_reaper_budget_exhausted_total",
+    "Lease-reaper runs that stopped at their time budget with dead letters left for the next run",
+)
 materialize_budget_exhausted = Counter(
     "payments_materialize_budget_exhausted_total",
     "Materialiser runs that stopped at their time budget with schedules left for the next run",

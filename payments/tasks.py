@@ -263,7 +263,15 @@ def reap_leases() -> dict:
     result = reaper.reap_leases()
     metrics.reaped.labels(outcome="requeued").inc(result.requeued)
     metrics.reaped.labels(outcome="dead_lettered").inc(result.dead_lettered)
-    return {"requeued": result.requeued, "dead_lettered": result.dead_lettered}
+    metrics.reaped.labels(outcome="error").inc(result.errors)
+    if result.budget_exhausted:
+        metrics.reaper_budget_exhausted.inc()
+    return {
+        "requeued": result.requeued,
+        "dead_lettered": result.dead_lettered,
+        "errors": result.errors,
+        "budget_exhausted": result.budget_exhausted,
+    }
 
 
 @shared_task(name="payments.materialize_recurring", ignore_result=True)

@@ -6,16 +6,20 @@ a new fence (``transitions.requeue_expired``: a late copy of the old message
 is then fenced out) and a back-off, or, once ``PAYMENT_MAX_ATTEMPTS`` claims
 are used up, dead-letters it (``transitions.dead_letter``: FAILED
 ``max_attempts_exceeded``, hold released; staff can retry it). Runs on the
-timer worker (``payments.reap_leases``).
+timer worker (``payments.reap_leases``), beside the sweeper, so its run is
+bounded in time as well as in rows: the requeue is one statement, but each
+dead letter is a transaction of its own (~10 ms), and a run of thousands
+would hold up every client's sweeps.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import transaction
+from django.db import InterfaceError, OperationalError, transaction
 
 from .. import locks, transitions
 from ..clock import db_now
@@ -28,12 +32,24 @@ logger = logging.getLogger(__name__)
 class ReapResult:
     requeued: int = 0
     dead_lettered: int = 0
+    errors: int = 0  # dead letters that raised: logged, left QUEUED for the next run
+    budget_exhausted: bool = False
 
 
-def reap_leases(*, limit: int = 10_000) -> ReapResult:
-    """One bounded reaper run: at most ``limit`` requeued and ``limit`` dead-lettered."""
+def reap_leases(*, limit: int = 10_000, budget_seconds: float | None = None) -> ReapResult:
+    """One bounded reaper run: at most ``limit`` requeued (one statement) and at most
+    ``limit`` dead-lettered, none started once ``budget_seconds``
+    (``PAYMENT_REAPER_BUDGET_SECONDS``) have passed in the dead-letter loop; the
+    next run, 5 s later, carries on with the oldest leases first.
+
+    A dead letter that raises is logged (with the payment's id), counted in
+    ``errors`` and left for the next run; the others go on. A database error
+    that may be transient (connection lost, server shutting down) ends the run:
+    every other row would fail the same way.
+    """
     result = ReapResult()
     max_attempts = settings.PAYMENT_MAX_ATTEMPTS
+    budget = settings.PAYMENT_REAPER_BUDGET_SECONDS if budget_seconds is None else budget_seconds
     with transaction.atomic():
         result.requeued = transitions.requeue_expired(limit=limit, max_attempts=max_attempts)
     dead = list(
@@ -41,11 +57,27 @@ def reap_leases(*, limit: int = 10_000) -> ReapResult:
             status=PaymentStatus.QUEUED,
             lease_expires_at__lt=db_now(),
             attempts__gte=max_attempts,
-        ).values_list("pk", flat=True)[:limit]
+        )
+        .order_by("lease_expires_at", "pk")
+        .values_list("pk", flat=True)[:limit]
     )
+    started = time.monotonic()
     for payment_id in dead:
-        if _dead_letter(payment_id):
-            result.dead_lettered += 1
+        if time.monotonic() - started >= budget:
+            result.budget_exhausted = True
+            break
+        try:
+            if _dead_letter(payment_id):
+                result.dead_lettered += 1
+        except (OperationalError, InterfaceError):
+            raise
+        except Exception:
+            result.errors += 1
+            logger.exception(
+                "reaper could not dead-letter payment %s; left for the next run",
+                payment_id,
+                extra={"payment_id": str(payment_id)},
+            )
     if result.requeued or result.dead_lettered:
         logger.warning(
             "reaper requeued %s and dead-lettered %s payments",

@@ -577,6 +577,10 @@ PAYMENT_MAX_ATTEMPTS = env.int("PAYMENT_MAX_ATTEMPTS", default=5)
 # reaper still never takes back a payment a live batch is running (it skips
 # rows locked, and the batch holds its payments' rows from its first statement).
 PAYMENT_BATCH_TIMEOUT_SECONDS = env.float("PAYMENT_BATCH_TIMEOUT_SECONDS", default=30.0)
+# The lease reaper shares the timer worker with the sweeper: it starts no new
+# dead letter (a transaction each) after this many seconds of a run; the next
+# run, 5 s later, carries on, oldest lease first.
+PAYMENT_REAPER_BUDGET_SECONDS = env.float("PAYMENT_REAPER_BUDGET_SECONDS", default=0.5)
 # Executor retries of a chunk on transient database errors before splitting it.
 PAYMENT_CHUNK_RETRIES = env.int("PAYMENT_CHUNK_RETRIES", default=3)
 # Recurring payments: occurrences are materialised (hold placed, payment

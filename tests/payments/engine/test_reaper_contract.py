@@ -219,7 +219,12 @@ def test_the_reaper_logs_what_it_did_and_nothing_when_idle(alice, settings, capl
             alice.account, alice.other_account, lease_expires_at=expired, attempts=attempts
         )
     with caplog.at_level(logging.DEBUG, logger="payments.engine.reaper"):
-        assert tasks.reap_leases() == {"requeued": 2, "dead_lettered": 1}
+        assert tasks.reap_leases() == {
+            "requeued": 2,
+            "dead_lettered": 1,
+            "errors": 0,
+            "budget_exhausted": False,
+        }
     (record,) = [r for r in caplog.records if r.name == "payments.engine.reaper"]
     assert record.levelno == logging.WARNING
     assert record.getMessage() == "reaper requeued 2 and dead-lettered 1 payments"
@@ -397,3 +402,84 @@ def test_one_reap_requeues_at_most_10_000_payments(alice):
     )
     assert reaper.reap_leases() == reaper.ReapResult(requeued=10_000)
     assert Payment.objects.filter(status="QUEUED").count() == 1
+
+
+def _dead_letters(alice, n):
+    """``n`` payments out of attempts whose leases expired, oldest lease first."""
+    now = db_now()
+    return [
+        queued_payment(
+            alice.account,
+            alice.other_account,
+            lease_expires_at=now - (n + 1 - i) * SECOND,
+            attempts=3,
+        )
+        for i in range(n)
+    ]
+
+
+def _raise_for(monkeypatch, payment_id, error):
+    real = transitions.dead_letter
+
+    def dead_letter(payment, *, now):
+        if payment.pk == payment_id:
+            raise error
+        return real(payment, now=now)
+
+    monkeypatch.setattr(transitions, "dead_letter", dead_letter)
+
+
+def test_a_dead_letter_that_raises_is_logged_and_the_others_go_on(
+    alice, settings, timer_path, monkeypatch, caplog
+):
+    """DESIGN §8: one bad row never stops the rest; it stays QUEUED, hold kept, for the next run."""
+    settings.PAYMENT_MAX_ATTEMPTS = 3
+    bad, *others = _dead_letters(alice, 3)  # the bad one has the oldest lease: it goes first
+    _raise_for(monkeypatch, bad.pk, ValueError("a row the code cannot handle"))
+    before = tasks.metrics.reaped.labels(outcome="error")._value.get()
+    assert tasks.reap_leases()["errors"] == 1
+    assert tasks.metrics.reaped.labels(outcome="error")._value.get() == before + 1
+    assert {p.pk for p in Payment.objects.filter(status="FAILED")} == {p.pk for p in others}
+    bad.refresh_from_db()
+    assert (bad.status, bad.hold.status) == ("QUEUED", "active")
+    assert not bad.events.exists()
+    [record] = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert str(bad.pk) in record.getMessage()
+    assert record.exc_info is not None
+    # the next run tries it again, and nothing else is left
+    assert reaper.reap_leases() == reaper.ReapResult(errors=1)
+
+
+def test_a_transient_database_error_ends_the_run(alice, settings, timer_path, monkeypatch):
+    """A lost connection would fail every other row the same way: the run stops at once."""
+    from django.db import OperationalError
+
+    settings.PAYMENT_MAX_ATTEMPTS = 3
+    first, *_ = _dead_letters(alice, 3)
+    _raise_for(monkeypatch, first.pk, OperationalError("server closed the connection"))
+    with pytest.raises(OperationalError):
+        reaper.reap_leases()
+    assert set(Payment.objects.values_list("status", flat=True)) == {"QUEUED"}
+
+
+def test_the_dead_letters_stop_at_the_time_budget_oldest_lease_first(
+    alice, settings, timer_path, monkeypatch
+):
+    """The reaper shares the timer worker with the sweeper: a run of dead letters
+    (a transaction each) starts none once PAYMENT_REAPER_BUDGET_SECONDS have passed."""
+    settings.PAYMENT_MAX_ATTEMPTS = 3
+    settings.PAYMENT_REAPER_BUDGET_SECONDS = 0.5
+    payments = _dead_letters(alice, 4)
+    requeue = queued_payment(
+        alice.account, alice.other_account, lease_expires_at=db_now() - SECOND, attempts=1
+    )
+    ticks = iter(0.3 * i for i in range(100))  # each look at the clock: 0.3 s later
+    monkeypatch.setattr(reaper.time, "monotonic", lambda: next(ticks))
+    result = reaper.reap_leases()
+    assert result == reaper.ReapResult(requeued=1, dead_lettered=1, budget_exhausted=True)
+    failed = set(Payment.objects.filter(status="FAILED").values_list("pk", flat=True))
+    assert failed == {payments[0].pk}
+    assert Payment.objects.get(pk=requeue.pk).status == "PENDING"
+    # a budget of nothing dead-letters nothing, and says so
+    assert reaper.reap_leases(budget_seconds=0) == reaper.ReapResult(budget_exhausted=True)
+    assert tasks.reap_leases()["budget_exhausted"] is True
