@@ -53,6 +53,10 @@ class IdempotencyKeyInUse(PaymentError):
     code = "idempotency_key_in_use"
 
 
+class IdempotencyClaimLost(IdempotencyKeyInUse):
+    """This request outlived its claim and a retry took it over: its work is rolled back."""
+
+
 class IdempotencyKeyReused(PaymentError):
     """This Idempotency-Key was used with a different request."""
 

@@ -31,7 +31,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import connections, router, transaction
 from django.utils import timezone
 
-from .exceptions import IdempotencyKeyInUse, IdempotencyKeyReused
+from .exceptions import IdempotencyClaimLost, IdempotencyKeyInUse, IdempotencyKeyReused
 from .models import IdempotencyKey, IdempotencyStatus
 
 
@@ -139,16 +139,38 @@ def _restart(record: IdempotencyKey, fingerprint: str, now) -> None:
     record.save()
 
 
+def _own_claim(record: IdempotencyKey):
+    """The claim ``record`` as this request took it: still IN_FLIGHT under the
+    ``locked_at`` it was taken with. A request still running after
+    ``IDEMPOTENCY_IN_FLIGHT_TIMEOUT`` may have been taken over by a retry
+    (``_restart`` sets a new ``locked_at``); it then owns nothing."""
+    return IdempotencyKey.objects.filter(
+        pk=record.pk, status=IdempotencyStatus.IN_FLIGHT, locked_at=record.locked_at
+    )
+
+
 def idempotency_complete(*, record: IdempotencyKey, status: int, body: Any) -> None:
-    """Store the response; call inside the transaction that did the request's work."""
+    """Store the response; call inside the transaction that did the request's work.
+
+    Raises ``IdempotencyClaimLost`` if the claim is no longer this request's (a
+    retry took it over): the caller's transaction then rolls back, so one key
+    never carries out its request twice.
+    """
+    stored = _own_claim(record).update(
+        status=IdempotencyStatus.COMPLETED, response_status=status, response_body=body
+    )
+    if not stored:
+        raise IdempotencyClaimLost(
+            "A request with this Idempotency-Key is in progress; retry later.", key=record.key
+        )
     record.status = IdempotencyStatus.COMPLETED
     record.response_status = status
     record.response_body = body
-    record.save(update_fields=["status", "response_status", "response_body"])
 
 
 def idempotency_release(*, record: IdempotencyKey) -> None:
-    IdempotencyKey.objects.filter(pk=record.pk, status=IdempotencyStatus.IN_FLIGHT).delete()
+    """Free the key for a retry, unless a retry already took the claim over."""
+    _own_claim(record).delete()
 
 
 def idempotency_purge_expired() -> int:

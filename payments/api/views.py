@@ -19,7 +19,7 @@ from ledger import selectors as ledger_selectors
 from scheduler_project.errors import DomainError
 
 from .. import selectors, services
-from ..exceptions import InvalidRequest, NotFound
+from ..exceptions import IdempotencyClaimLost, InvalidRequest, NotFound
 from ..idempotency import (
     idempotency_begin,
     idempotency_complete,
@@ -83,6 +83,10 @@ def idempotent(handler=None, *, stored_body=None):
                 body = response.data if stored_body is None else stored_body(response.data)
                 idempotency_complete(record=claim.record, status=response.status_code, body=body)
             return response
+        except IdempotencyClaimLost as exc:
+            # Still running when a retry took the claim over (IDEMPOTENCY_IN_FLIGHT_TIMEOUT):
+            # the work just rolled back; the claim, and the answer, are the retry's.
+            return view.handle_exception(exc)
         except UnsupportedMediaType:
             # The body was never read, so nothing ran: the corrected request
             # (sent as JSON) may use the same key.
@@ -93,10 +97,13 @@ def idempotent(handler=None, *, stored_body=None):
             if response.status_code >= 500:  # a bug, not a refusal: free the key
                 idempotency_release(record=claim.record)
                 return response
-            with transaction.atomic():
-                idempotency_complete(
-                    record=claim.record, status=response.status_code, body=response.data
-                )
+            try:
+                with transaction.atomic():
+                    idempotency_complete(
+                        record=claim.record, status=response.status_code, body=response.data
+                    )
+            except IdempotencyClaimLost as lost:
+                return view.handle_exception(lost)
             return response
         except BaseException:
             idempotency_release(record=claim.record)

@@ -14,6 +14,7 @@ from rest_framework.test import APIClient
 
 from ledger.models import Account, Hold
 from payments import idempotency, services
+from payments.exceptions import IdempotencyClaimLost
 from payments.idempotency import (
     idempotency_begin,
     idempotency_complete,
@@ -238,6 +239,29 @@ class TestSemantics:
         assert record.response_body == taken_over.json()
         assert Payment.objects.count() == 1
 
+    def test_a_claim_taken_over_belongs_to_the_retry_alone(self, alice, settings):
+        """The first request outlived its claim and a retry took it over: the first
+        can neither store its answer (its transaction must roll back) nor free the
+        key under the retry."""
+        with time_machine.travel(timezone.now(), tick=False) as clock:
+            first = idempotency_begin(client=alice.user, key="slow", fingerprint="f")
+            clock.shift(timedelta(seconds=settings.IDEMPOTENCY_IN_FLIGHT_TIMEOUT, microseconds=1))
+            retry = idempotency_begin(client=alice.user, key="slow", fingerprint="f")
+        assert retry.replay is False and retry.record.pk == first.record.pk
+        idempotency_release(record=first.record)
+        with pytest.raises(IdempotencyClaimLost):
+            idempotency_complete(record=first.record, status=201, body={"from": "first"})
+        record = IdempotencyKey.objects.get(key="slow")
+        assert (record.status, record.response_body) == (IdempotencyStatus.IN_FLIGHT, None)
+        idempotency_complete(record=retry.record, status=201, body={"from": "retry"})
+        record.refresh_from_db()
+        assert (record.status, record.response_body) == (
+            IdempotencyStatus.COMPLETED,
+            {"from": "retry"},
+        )
+        idempotency_release(record=retry.record)  # completed: nothing to free
+        assert IdempotencyKey.objects.filter(key="slow").exists()
+
     def test_an_unexpected_error_frees_the_key_for_a_retry(self, alice, bob, monkeypatch):
         real_schedule = services.payment_schedule
         others = [
@@ -351,19 +375,21 @@ class TestSemantics:
         with pytest.raises(ValidationError):
             duplicate.validate_constraints()
 
-    def test_completing_writes_only_the_response(self, alice):
-        """Completion must not undo a takeover that happened meanwhile (no blind save)."""
+    def test_completing_after_a_takeover_writes_nothing(self, alice):
+        """Completion must not undo a takeover that happened meanwhile: it is refused
+        (its transaction rolls back) and the row stays as the takeover wrote it."""
         claim = idempotency_begin(client=alice.user, key="k", fingerprint="f")
         later = claim.record.locked_at + timedelta(minutes=5)
         IdempotencyKey.objects.filter(pk=claim.record.pk).update(
             locked_at=later, created_at=later, fingerprint="g"
         )
-        idempotency_complete(record=claim.record, status=201, body={"ok": True})
+        with pytest.raises(IdempotencyClaimLost):
+            idempotency_complete(record=claim.record, status=201, body={"ok": True})
         record = IdempotencyKey.objects.get(pk=claim.record.pk)
         assert (record.status, record.response_status, record.response_body) == (
-            IdempotencyStatus.COMPLETED,
-            201,
-            {"ok": True},
+            IdempotencyStatus.IN_FLIGHT,
+            None,
+            None,
         )
         assert (record.locked_at, record.created_at, record.fingerprint) == (later, later, "g")
 
@@ -462,3 +488,57 @@ def test_losing_the_insert_race_reads_the_winners_key(alice):
     assert claim.replay is True
     assert claim.record.response_body == {"from": "the winner"}
     assert IdempotencyKey.objects.filter(key="raced").count() == 1
+
+
+@pytest.mark.postgres  # SQLite has one writer: the retry would wait for the slow request
+@pytest.mark.django_db(transaction=True)
+def test_a_request_still_running_when_a_retry_takes_over_its_key_is_rolled_back(
+    alice, settings, monkeypatch
+):
+    """One key, one payment: a request slower than IDEMPOTENCY_IN_FLIGHT_TIMEOUT
+    (here 0: any claim is stale at once) is taken over by the client's retry,
+    which schedules the payment; the slow one then rolls its payment back and
+    answers 409, and the key replays the retry's answer."""
+    settings.IDEMPOTENCY_IN_FLIGHT_TIMEOUT = 0
+    real_schedule = services.payment_schedule
+    inside, retried = threading.Event(), threading.Event()
+    slow_thread = []
+
+    def schedule(**kwargs):
+        if threading.current_thread() in slow_thread:
+            inside.set()
+            assert retried.wait(30)
+        return real_schedule(**kwargs)
+
+    monkeypatch.setattr(services, "payment_schedule", schedule)
+    headers = {"Idempotency-Key": "slow"}
+    answers = {}
+
+    def slow_request():
+        try:
+            api = APIClient()
+            api.credentials(HTTP_AUTHORIZATION=f"Bearer {alice.token}")
+            answers["slow"] = api.post(
+                SCHEDULE, schedule_body(alice), format="json", headers=headers
+            )
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=slow_request)
+    slow_thread.append(thread)
+    thread.start()
+    try:
+        assert inside.wait(30)
+        retry = alice.schedule(headers=headers)
+    finally:
+        retried.set()
+        thread.join(30)
+    assert retry.status_code == 201 and "Idempotent-Replayed" not in retry
+    error(answers["slow"], 409, "idempotency_key_in_use")
+    assert [str(pk) for pk in Payment.objects.values_list("pk", flat=True)] == [
+        retry.json()["payment_id"]
+    ]
+    assert Account.objects.get(pk=alice.account.pk).held == 100
+    settings.IDEMPOTENCY_IN_FLIGHT_TIMEOUT = 60
+    again = alice.schedule(headers=headers)
+    assert again["Idempotent-Replayed"] == "true" and again.json() == retry.json()
