@@ -20,6 +20,7 @@ apply to them.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -132,20 +133,33 @@ def _cron(spec: Spec, floor: datetime) -> Iterator[datetime]:
     # every-minute cron costs one step per instant, not hours of steps.
     local_floor = floor.astimezone(tz).replace(tzinfo=None)
     it = croniter(spec.cron, local_floor - _dst_margin(floor, tz))
+    # Wall times come in order, their instants need not: in a repeated hour
+    # (``both``) 01:00 EST comes after 01:15 EDT. Instants wait in a heap until
+    # no later wall time can give an earlier one (below ``bound``).
+    pending: list[datetime] = []
     last = floor
     while True:
         try:
             local = it.get_next(datetime)
-        except ValueError as exc:  # "year 10000 is out of range" from croniter's arithmetic
-            raise OverflowError(str(exc)) from exc
-        for instant in resolve_local(
-            local, tz, nonexistent=spec.nonexistent, ambiguous=spec.ambiguous
-        ):
+            for instant in resolve_local(
+                local, tz, nonexistent=spec.nonexistent, ambiguous=spec.ambiguous
+            ):
+                heapq.heappush(pending, instant)
+            earliest = local.replace(tzinfo=tz, fold=0).astimezone(UTC)
+            bound = earliest - _dst_margin(earliest, tz)
+        except (CroniterError, OverflowError, ValueError):
+            # no further match, or past year 9999 ("year 10000 is out of range"
+            # from croniter's arithmetic): what waits is all there is
+            bound = None
+        while pending and (bound is None or pending[0] <= bound):
+            instant = heapq.heappop(pending)
             if spec.end_time is not None and instant > spec.end_time:
                 return
             if instant > last:
                 last = instant
                 yield instant
+        if bound is None or (spec.end_time is not None and bound > spec.end_time):
+            return
 
 
 def _dst_margin(instant: datetime, tz: ZoneInfo) -> timedelta:

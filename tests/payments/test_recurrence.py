@@ -60,6 +60,26 @@ def test_fall_back_repeated_time(ambiguous, expected):
     assert local_strings(runs, NY) == expected
 
 
+def test_fall_back_both_runs_every_wall_time_of_the_repeated_hour_twice_in_order():
+    """Every quarter of 01:xx twice: EDT's four, then EST's four (a reviewer found
+    EDT's 01:15-01:45 dropped: each came after EST's 01:00 was already given)."""
+    s = spec("*/15 1 * * *", ambiguous="both")
+    runs = upcoming(s, after=utc(2026, 10, 31, 12), count=9)
+    assert local_strings(runs, NY) == [
+        *(f"2026-11-01 01:{m:02d} EDT" for m in (0, 15, 30, 45)),
+        *(f"2026-11-01 01:{m:02d} EST" for m in (0, 15, 30, 45)),
+        "2026-11-02 01:00 EST",
+    ]
+    # resumed between the two halves, and with an end inside the second
+    assert upcoming(s, after=utc(2026, 11, 1, 5, 45), count=1) == [utc(2026, 11, 1, 6)]
+    ended = spec("*/15 1 * * *", ambiguous="both", end_time=utc(2026, 11, 1, 6, 15))
+    assert local_strings(upcoming(ended, after=utc(2026, 10, 31, 12), count=9), NY) == [
+        *(f"2026-11-01 01:{m:02d} EDT" for m in (0, 15, 30, 45)),
+        "2026-11-01 01:00 EST",
+        "2026-11-01 01:15 EST",
+    ]
+
+
 def test_fall_back_both_resumes_correctly_between_the_two_instants():
     s = spec("30 1 * * *", ambiguous="both")
     first = utc(2026, 11, 1, 5, 30)  # 01:30 EDT
@@ -189,8 +209,61 @@ def test_resuming_far_from_the_start_is_as_cheap_as_near_it():
     ]
 
 
+CRONS = ["*/30 * * * *", "0 * * * *", "30 2 * * *", "30 1 * * *", "*/15 1 * * *", "0 0 L * *"]
+
+
+def brute_force(s, after, days):
+    """The occurrences after ``after`` by the definition: every wall time croniter
+    gives from a day before, each resolved under the policies, sorted, unique."""
+    from croniter import croniter
+
+    from payments.calendar import resolve_local
+
+    tz = zone(s.timezone)
+    it = croniter(s.cron, (after - timedelta(days=1)).astimezone(tz).replace(tzinfo=None))
+    found = set()
+    while (local := it.get_next(datetime)) < after.astimezone(tz).replace(tzinfo=None) + days:
+        found.update(resolve_local(local, tz, nonexistent=s.nonexistent, ambiguous=s.ambiguous))
+    return sorted(i for i in found if i > after and (s.end_time is None or i <= s.end_time))
+
+
+# Each zone's 2026 clock changes (the day; the brute force covers the days around it).
+CHANGES = [
+    (NY, (3, 8)),
+    (NY, (11, 1)),
+    ("Europe/London", (3, 29)),
+    ("Europe/London", (10, 25)),
+    ("Atlantic/Azores", (3, 29)),
+    ("Atlantic/Azores", (10, 25)),
+    ("Australia/Lord_Howe", (4, 5)),  # half an hour back
+    ("Australia/Lord_Howe", (10, 4)),  # half an hour forward
+]
+
+
 @given(
-    cron=st.sampled_from(["*/30 * * * *", "0 * * * *", "30 2 * * *", "30 1 * * *", "0 0 L * *"]),
+    cron=st.sampled_from(CRONS),
+    change=st.sampled_from(CHANGES),
+    nonexistent=st.sampled_from(["shift", "skip"]),
+    ambiguous=st.sampled_from(["first", "last", "both"]),
+    offset_minutes=st.integers(min_value=0, max_value=2 * 24 * 60),
+)
+def test_occurrences_are_every_resolved_wall_time_in_order(
+    cron, change, nonexistent, ambiguous, offset_minutes
+):
+    """The calendar against its definition (brute force) across DST changes: none
+    dropped, none added, none out of order — the missing kind of test for the
+    dropped ``both`` occurrences, which the ordering property alone did not catch."""
+    tz, when = change
+    s = spec(cron, tz=tz, nonexistent=nonexistent, ambiguous=ambiguous)
+    after = utc(2026, *when) - timedelta(days=1) + timedelta(minutes=offset_minutes)
+    horizon = after + timedelta(days=2)  # the brute force looks 3 days of wall time ahead
+    expected = [i for i in brute_force(s, after, timedelta(days=3)) if i <= horizon]
+    got = upcoming(s, after=after, count=len(expected) + 1)
+    assert [i for i in got if i <= horizon] == expected
+
+
+@given(
+    cron=st.sampled_from(CRONS),
     tz=st.sampled_from([NY, "Europe/London", "Australia/Lord_Howe", "UTC"]),
     nonexistent=st.sampled_from(["shift", "skip"]),
     ambiguous=st.sampled_from(["first", "last", "both"]),
