@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import itertools
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -40,15 +41,32 @@ MAX_GAP = timedelta(hours=3)  # longest DST gap searched when shifting
 def zone(name: str) -> ZoneInfo:
     try:
         return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError):
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        # OSError: a folder of the tz database ("America": IsADirectoryError)
         raise InvalidSchedule(f"Unknown time zone {name!r}.") from None
+
+
+# Words a field may hold: L (last day), W (nearest weekday) and month and day
+# names. croniter also reads R (a random value, drawn again at every
+# evaluation: a "daily" schedule would run at a different time each read, and
+# twice or not at all some days) and H (a hash of an id we never give it):
+# neither is a calendar.
+CRON_WORDS = frozenset(
+    [
+        "L",
+        "W",
+        *["JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC"],
+        *["SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"],
+    ]
+)
 
 
 def validate_cron(expr: str) -> str:
     fields = expr.split()
     if len(fields) != 5:
         raise InvalidSchedule("A cron expression has 5 fields: minute hour day month weekday.")
-    if not croniter.is_valid(expr):
+    words = {w.upper() for w in re.findall(r"[^\W\d_]+", expr)}
+    if not words <= CRON_WORDS or not croniter.is_valid(expr):
         raise InvalidSchedule(f"Invalid cron expression {expr!r}.")
     return " ".join(fields)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import connections
@@ -65,7 +65,7 @@ def decode_cursor(cursor: str, count: int) -> list[str]:
 def decode_id_cursor(cursor: str) -> int:
     """The integer id carried by a cursor from ``encode_cursor(id)``."""
     (raw,) = decode_cursor(cursor, 1)
-    if not raw.isdigit():
+    if not (raw.isascii() and raw.isdigit()):  # "²".isdigit(), yet int("²") raises
         raise InvalidRequest("Invalid cursor.", fields={"cursor": "not a cursor from this API"})
     return int(raw)
 
@@ -139,7 +139,12 @@ def newest_first_page(qs: QuerySet, *, cursor: str | None, limit: int) -> tuple[
         try:
             created_at = datetime.fromisoformat(created_raw)
             last_id = uuid.UUID(id_raw)
-        except ValueError:
+            if created_at.tzinfo is None:  # ours always carry their offset
+                raise ValueError(created_raw)
+            # in range once in UTC: year 1 at +14:00 is not (SQLite's path raised
+            # OverflowError from Django's conversion: a 500)
+            created_at = created_at.astimezone(UTC)
+        except (ValueError, OverflowError):
             raise InvalidRequest(
                 "Invalid cursor.", fields={"cursor": "not a cursor from this API"}
             ) from None

@@ -12,11 +12,15 @@ of rows. Real rows and fresh statistics, no planner switches.
 import json
 import uuid
 from datetime import UTC, datetime, timedelta
+from datetime import timezone as dt_timezone
 from urllib.parse import quote
 
 import pytest
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from payments.exceptions import InvalidRequest
 from payments.models import Payment
@@ -264,6 +268,41 @@ def test_every_malformed_cursor_is_the_same_400(alice):
         _invalid_cursor(lambda c=cursor: payment_list(client=alice.user, cursor=c))
     for cursor in ("!!", encode_cursor("abc"), encode_cursor(1, 2)):
         _invalid_cursor(lambda c=cursor: decode_id_cursor(c))
+
+
+# Cursor parts as a client could forge them: any text, and the shapes ours
+# have at their edges (times of every offset and range, naive ones, uuids, ints).
+CURSOR_PART = st.one_of(
+    st.text(),
+    st.datetimes(
+        timezones=st.none()
+        | st.timedeltas(min_value=-timedelta(hours=23), max_value=timedelta(hours=23)).map(
+            dt_timezone
+        )
+    ).map(datetime.isoformat),
+    st.uuids().map(str),
+    st.integers().map(str),
+    st.text(alphabet="0123456789²³¹٣۴", min_size=1),  # digits int() does and does not read
+)
+
+
+@hypothesis_settings(max_examples=150, deadline=None)
+@given(first=CURSOR_PART, second=CURSOR_PART, raw=st.text())
+def test_any_forged_cursor_is_a_page_or_the_same_400(first, second, raw):
+    """Property: whatever a client puts in a cursor, the answer is a page or the
+    invalid-cursor 400, never an exception (the kind of test that was missing
+    for "²" in an id cursor and year 1 at +14:00 on SQLite, both a 500)."""
+    user = UserFactory()
+    for call in (
+        lambda: payment_list(client=user, cursor=encode_cursor(first, second)),
+        lambda: payment_list(client=user, cursor=raw) if raw else None,
+        lambda: decode_id_cursor(encode_cursor(first)),
+        lambda: decode_id_cursor(raw),
+    ):
+        try:
+            call()
+        except InvalidRequest as refused:
+            assert refused.message == "Invalid cursor."
 
 
 def test_pages_are_stable_whatever_format_each_time_was_written_in():

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from payments.calendar import InvalidSchedule, Spec, jitter_for, upcoming, validate_cron, zone
@@ -165,6 +165,76 @@ def test_unknown_zone():
     with pytest.raises(InvalidSchedule) as raised:
         zone("Mars/Olympus_Mons")
     assert str(raised.value) == "Unknown time zone 'Mars/Olympus_Mons'."
+
+
+@pytest.mark.parametrize("expr", ["R R * * *", "0 R * * *", "H 9 * * *", "0 9 * * r"])
+def test_random_and_hashed_cron_fields_are_refused(expr):
+    """croniter reads R as a value drawn again at every evaluation and H as a hash:
+    a schedule's times must not change between two reads (a reviewer's finding:
+    "R R * * *" was accepted and every GET showed other times)."""
+    with pytest.raises(InvalidSchedule) as raised:
+        validate_cron(expr)
+    assert str(raised.value) == f"Invalid cron expression {expr!r}."
+
+
+@pytest.mark.parametrize("name", ["America", "Etc", "posix", "right", "", ".", "../etc"])
+def test_a_folder_or_path_is_not_a_time_zone(name):
+    with pytest.raises(InvalidSchedule):
+        zone(name)
+
+
+# Pieces of fields croniter reads (and some it must not be given), joined in fives,
+# and any text at all.
+CRON_FIELD = st.sampled_from(
+    [
+        "*",
+        "0",
+        "5",
+        "*/15",
+        "1-5",
+        "5-1",
+        "1,2",
+        "L",
+        "W",
+        "15W",
+        "5#2",
+        "?",
+        "R",
+        "H",
+        "mon-fri",
+        "jan",
+        "sun",
+        "²",
+        "1-0",
+        "0/0",
+        "*/0",
+        "60",
+        "13",
+        "x",
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    fields=st.lists(CRON_FIELD, min_size=5, max_size=5).map(" ".join)
+    | st.lists(st.text(min_size=1, max_size=4), min_size=5, max_size=5).map(" ".join)
+    | st.text(),
+    tz=st.text() | st.sampled_from(["America", "Etc/GMT+5", "UTC", NY, "posix/UTC", "Factory"]),
+)
+def test_any_cron_and_zone_text_is_a_calendar_or_a_clear_refusal(fields, tz):
+    """Property: what a client sends as ``cron`` and ``timezone`` is refused with
+    InvalidSchedule (the API's 400) or gives a calendar that reads the same every
+    time — never another exception (the kind of test that was missing for
+    "America", a 500, and for "R R * * *", a different schedule at every read)."""
+    try:
+        expr = validate_cron(fields)
+        zone(tz)
+    except InvalidSchedule:
+        return
+    s = spec(expr, tz=tz)
+    after = utc(2026, 6, 1)
+    assert upcoming(s, after=after, count=3) == upcoming(s, after=after, count=3)
 
 
 def test_cron_end_time_is_inclusive():
