@@ -617,6 +617,36 @@ def test_secret_keys_rotate(alice, receiver, settings):
     assert webhooks.verify(secret, headers["Webhook-Timestamp"], body, headers["Webhook-Signature"])
 
 
+def test_one_unreadable_secret_does_not_stop_the_rotation_of_the_others(
+    alice, bob, receiver, settings
+):
+    """DESIGN §8: one client's broken row is reported, never a stop for the others."""
+    from cryptography.fernet import Fernet
+    from django.core.management.base import CommandError
+
+    from payments import webhook_secrets
+
+    old_key = Fernet.generate_key().decode()
+    settings.WEBHOOK_SECRET_KEYS = [old_key]
+    register(alice, receiver.url)
+    secret = register(bob, receiver.url)["secret"]
+    broken = WebhookEndpoint.objects.get(client=alice.user)
+    broken_cipher = Fernet(Fernet.generate_key()).encrypt(b"lost key").decode()
+    WebhookEndpoint.objects.filter(pk=broken.pk).update(secret_ciphertext=broken_cipher)
+    settings.WEBHOOK_SECRET_KEYS = [Fernet.generate_key().decode(), old_key]
+    out = io.StringIO()
+    with pytest.raises(CommandError) as failed:
+        call_command("rotate_webhook_secrets", stdout=out)
+    assert out.getvalue() == "Re-encrypted 1 webhook secret(s).\n"
+    assert f": {broken.pk}." in str(failed.value) and str(failed.value).startswith("1 webhook")
+    settings.WEBHOOK_SECRET_KEYS = settings.WEBHOOK_SECRET_KEYS[:1]  # old key gone
+    assert (
+        webhook_secrets.decrypt(WebhookEndpoint.objects.get(client=bob.user).secret_ciphertext)
+        == secret
+    )
+    assert WebhookEndpoint.objects.get(pk=broken.pk).secret_ciphertext == broken_cipher
+
+
 def test_an_event_whose_dispatch_message_was_lost_is_dispatched_by_the_beat_scan(
     alice, receiver, monkeypatch
 ):

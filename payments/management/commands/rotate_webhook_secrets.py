@@ -4,7 +4,10 @@ with the first key of ``WEBHOOK_SECRET_KEYS``.
 Key rotation: put the new key first (keep the old ones after it), deploy, run
 this command, then remove the old keys. Safe to run again or while deliveries
 run: each row is rewritten under its row lock, and any configured key still
-decrypts rows not yet rewritten.
+decrypts rows not yet rewritten. A secret no configured key decrypts does not
+stop the others: every other row is rewritten, then the command names the
+endpoints it could not rewrite and exits non-zero (do not remove the old keys
+until it exits 0).
 """
 
 from django.core.management.base import BaseCommand, CommandError
@@ -18,7 +21,7 @@ class Command(BaseCommand):
     help = "Re-encrypt webhook signing secrets with the current (first) key."
 
     def handle(self, *args, **options):
-        rotated = 0
+        rotated, unreadable = 0, []
         for pk in WebhookEndpoint.objects.values_list("pk", flat=True).iterator():
             with transaction.atomic():
                 endpoint = (
@@ -31,9 +34,15 @@ class Command(BaseCommand):
                         endpoint.secret_ciphertext
                     )
                 except webhook_secrets.InvalidToken:
-                    raise CommandError(
-                        f"Webhook endpoint {pk}: no configured key decrypts its secret."
-                    ) from None
+                    unreadable.append(pk)
+                    continue
                 endpoint.save(update_fields=["secret_ciphertext"])
                 rotated += 1
         self.stdout.write(f"Re-encrypted {rotated} webhook secret(s).")
+        if unreadable:
+            listed = ", ".join(str(pk) for pk in unreadable)
+            raise CommandError(
+                f"{len(unreadable)} webhook endpoint(s) have a secret no configured key "
+                f"decrypts, left as they are: {listed}. Keep the old keys until they are "
+                "re-registered or deleted."
+            )
