@@ -281,7 +281,7 @@ def check_url(url: str) -> str:
     """
     target = parse_target(url)
     try:
-        _checked_addresses(target, settings.WEBHOOK_TIMEOUT_SECONDS)
+        _checked_addresses(target, settings.WEBHOOK_REGISTRATION_DNS_SECONDS)
     except TimeoutError:
         raise UrlRefused(_REGISTRATION_REFUSED) from None
     return url

@@ -193,6 +193,13 @@ class ClientRateThrottle(SharedCacheThrottle, UserRateThrottle):
     scope = "client"
 
 
+class WebhookEndpointWriteThrottle(SharedCacheThrottle, UserRateThrottle):
+    """A client's webhook endpoint creations and changes (``WEBHOOK_ENDPOINT_WRITE_RATE``):
+    each looks its host up inside the request, holding a web thread meanwhile."""
+
+    scope = "webhook_endpoint_writes"
+
+
 class InternalRateThrottle(SharedCacheThrottle):
     """One budget per client address for the operator endpoint, whatever it sends."""
 

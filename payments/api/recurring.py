@@ -12,6 +12,7 @@ from ..exceptions import NotFound
 from ..models import RecurringOccurrence, RecurringPayment
 from ..selectors import id_desc_page, newest_first_page
 from . import serializers as s
+from .auth import WebhookEndpointWriteThrottle
 from .schema import api_operation
 from .views import idempotent, parse, parse_uuid
 
@@ -177,7 +178,17 @@ def without_secret(body: dict) -> dict:
     return {**body, "secret": None, "secret_shown_once": True}
 
 
-class WebhookEndpointCollectionView(APIView):
+class WebhookEndpointWrites:
+    """POST and PATCH also spend the client's ``WebhookEndpointWriteThrottle`` budget."""
+
+    def get_throttles(self):
+        throttles = super().get_throttles()
+        if self.request.method in ("POST", "PATCH", "PUT"):
+            throttles.append(WebhookEndpointWriteThrottle())
+        return throttles
+
+
+class WebhookEndpointCollectionView(WebhookEndpointWrites, APIView):
     @api_operation(
         operation_id="webhook_endpoints_list",
         summary="Your webhook endpoints",
@@ -208,7 +219,7 @@ class WebhookEndpointCollectionView(APIView):
         )
 
 
-class WebhookEndpointDetailView(APIView):
+class WebhookEndpointDetailView(WebhookEndpointWrites, APIView):
     def _get(self, request, endpoint_id):
         return webhooks.endpoint_get(
             client=request.user, endpoint_id=parse_uuid(endpoint_id, "Webhook endpoint")

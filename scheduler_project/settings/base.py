@@ -265,6 +265,10 @@ REST_FRAMEWORK = {
         # Per client address, checked before X-Internal-Auth: guessing the
         # operator token is throttled too.
         "internal": env.str("INTERNAL_API_THROTTLE_RATE", default="10/s"),
+        # Per client, on top of "client": creating or changing a webhook endpoint
+        # (each resolves its host in the request, up to
+        # WEBHOOK_REGISTRATION_DNS_SECONDS), so no client can fill the web threads.
+        "webhook_endpoint_writes": env.str("WEBHOOK_ENDPOINT_WRITE_RATE", default="10/min"),
     },
     # Reverse proxies in front of the web processes that append to
     # X-Forwarded-For. 0: the client address is REMOTE_ADDR and the header is
@@ -606,8 +610,13 @@ WEBHOOK_MAX_ATTEMPTS = env.int("WEBHOOK_MAX_ATTEMPTS", default=8)
 WEBHOOK_BACKOFF_SECONDS = env.float("WEBHOOK_BACKOFF_SECONDS", default=5.0)
 # Total wall-clock budget of one delivery request (DNS + connect + TLS + send +
 # response status and headers), so a slow or drip-feeding endpoint holds a
-# delivery thread at most this long. Also bounds the DNS lookup at registration.
+# delivery thread at most this long.
 WEBHOOK_TIMEOUT_SECONDS = env.float("WEBHOOK_TIMEOUT_SECONDS", default=5.0)
+# The DNS lookup at registration (POST/PATCH of an endpoint) runs inside the
+# web request: a name whose servers never answer holds a web thread this long,
+# then the URL is refused. With WEBHOOK_ENDPOINT_WRITE_RATE (below) it bounds
+# how much of the web tier one client's endpoint writes can hold.
+WEBHOOK_REGISTRATION_DNS_SECONDS = env.float("WEBHOOK_REGISTRATION_DNS_SECONDS", default=2.0)
 # Endpoint URLs must be https; plain http only for local development, because
 # signed payment events would otherwise cross the network in clear text.
 WEBHOOK_ALLOW_HTTP = env.bool("WEBHOOK_ALLOW_HTTP", default=False)

@@ -54,6 +54,59 @@ def test_endpoint_api_and_isolation(alice, bob, fake_dns):
     assert alice.api.delete(f"/api/v1/webhook-endpoints/{eid}").status_code == 204
 
 
+def test_registration_looks_the_host_up_within_its_own_short_budget(alice, settings, monkeypatch):
+    """The lookup runs inside the web request: WEBHOOK_REGISTRATION_DNS_SECONDS, not
+    the delivery's WEBHOOK_TIMEOUT_SECONDS, bounds the web thread it holds; a name
+    that does not answer in time is refused like any other."""
+    from payments import webhook_transport
+
+    settings.WEBHOOK_TIMEOUT_SECONDS = 30
+    settings.WEBHOOK_REGISTRATION_DNS_SECONDS = 0.7
+    asked = []
+
+    def lookup(host, port, timeout):
+        asked.append((host, timeout))
+        raise TimeoutError
+
+    monkeypatch.setattr(webhook_transport, "_lookup", lookup)
+    refused = alice.api.post(
+        "/api/v1/webhook-endpoints",
+        {"url": "https://never-answers.example/hooks", "event_types": ["payment.failed"]},
+        format="json",
+    )
+    assert set(error(refused, 400, "validation_error")["details"]["fields"]) == {"url"}
+    assert asked == [("never-answers.example", 0.7)]
+    assert not WebhookEndpoint.objects.exists()
+
+
+def test_endpoint_writes_have_a_budget_of_their_own_per_client(alice, bob, fake_dns, monkeypatch):
+    """WEBHOOK_ENDPOINT_WRITE_RATE (here 2 a minute): each write may hold a web
+    thread for a DNS lookup, so a client past it gets 429 (reads still go
+    through) and another client is not affected."""
+    from payments.api.auth import WebhookEndpointWriteThrottle
+
+    monkeypatch.setattr(WebhookEndpointWriteThrottle, "rate", "2/min", raising=False)
+    fake_dns["example.test"] = [PUBLIC_IP]
+    eid = register(alice, "https://example.test/a")["webhook_endpoint_id"]
+    patched = alice.api.patch(
+        f"/api/v1/webhook-endpoints/{eid}", {"is_active": False}, format="json"
+    )
+    assert patched.status_code == 200
+    third = alice.api.post(
+        "/api/v1/webhook-endpoints",
+        {"url": "https://example.test/b", "event_types": ["payment.failed"]},
+        format="json",
+    )
+    error(third, 429, "throttled")
+    assert int(third["Retry-After"]) >= 1
+    again = alice.api.patch(f"/api/v1/webhook-endpoints/{eid}", {"is_active": True}, format="json")
+    error(again, 429, "throttled")
+    assert alice.api.get("/api/v1/webhook-endpoints").status_code == 200
+    assert alice.api.get(f"/api/v1/webhook-endpoints/{eid}").status_code == 200
+    register(bob, "https://example.test/bob")
+    assert WebhookEndpoint.objects.filter(client=alice.user).count() == 1
+
+
 def test_signed_delivery_the_receiver_can_verify(alice, receiver):
     endpoint = register(alice, receiver.url)
     payment_id = alice.schedule().json()["payment_id"]
