@@ -309,7 +309,9 @@ def purge_idempotency_keys() -> int:
 @shared_task(name="payments.deliver_webhook", ignore_result=True, acks_late=True)
 def deliver_webhook(delivery_id: str) -> str | None:
     status = webhooks.deliver(delivery_id)
-    if status == "pending":  # a failed attempt with retries left: come back at its time
+    # a failed attempt with retries left, or put off to its client's next turn
+    # (webhooks._ClientShares): come back at its time
+    if status in ("pending", webhooks.CLIENT_BUSY):
         delay = webhooks.retry_delay(delivery_id)
         deliver_webhook.apply_async(
             args=[delivery_id], queue=routing.WEBHOOK_QUEUE, countdown=delay

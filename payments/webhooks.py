@@ -31,6 +31,14 @@ attempts open it for ``WEBHOOK_CIRCUIT_COOLDOWN_SECONDS`` (doubling on each
 re-open, capped at one hour). While open, due deliveries are deferred to the
 re-open time without a request and without spending an attempt; afterwards
 one delivery probes (the others wait for it); a success closes the circuit.
+
+Fair share per client: a webhook worker process makes at most
+``WEBHOOK_MAX_IN_FLIGHT_PER_CLIENT`` requests at once for one client's
+endpoints, whatever their number. An endpoint slow enough to hold its threads
+for the whole budget yet never failing (so never tripping its circuit) would
+otherwise take every thread of the pool in turn and hold every other client's
+webhooks behind its backlog. A delivery over the share is put off to the
+client's next turn, no attempt spent (``client_busy``; ``_ClientShares``).
 """
 
 from __future__ import annotations
@@ -40,7 +48,9 @@ import hmac
 import json
 import logging
 import secrets
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -70,6 +80,7 @@ logger = logging.getLogger(__name__)
 ENDPOINT_DISABLED = "endpoint_disabled"
 CIRCUIT_OPEN = "circuit_open"
 SECRET_UNAVAILABLE = "secret_unavailable"  # noqa: S105 - an error class, not a secret
+CLIENT_BUSY = "client_busy"
 
 EVENT_TYPES = (
     "payment.completed",
@@ -384,13 +395,92 @@ def _record_circuit(*, endpoint_id, ok: bool, probe: bool) -> None:
     endpoint.save(update_fields=["consecutive_failures", "circuit_open_until", "circuit_opens"])
 
 
+class _ClientShares:
+    """This process's requests per client: how many are in flight, how long one
+    typically takes, and when the client's next turn is.
+
+    ``take`` lets a request start while the client has fewer than
+    ``WEBHOOK_MAX_IN_FLIGHT_PER_CLIENT`` in flight; otherwise it reserves the
+    client's next turn — a typical request's time divided by the share after
+    the last reserved one — and returns the wait. A burst to a fast endpoint
+    then waits milliseconds a delivery; a backlog for a slow one is spread over
+    the time its share takes to send it, each delivery put off once, not
+    polled.
+    """
+
+    FIRST_GUESS = 0.05  # seconds a request of a client not seen yet is taken to last
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._in_flight: Counter = Counter()
+        self._typical: dict = {}
+        self._next_turn: dict = {}
+
+    def take(self, client_id) -> float:
+        """0.0: start now (counted in flight until ``give_back``); else seconds to wait."""
+        share = settings.WEBHOOK_MAX_IN_FLIGHT_PER_CLIENT
+        with self._lock:
+            if self._in_flight[client_id] < share:
+                self._in_flight[client_id] += 1
+                return 0.0
+            now = time.monotonic()
+            step = max(self._typical.get(client_id, self.FIRST_GUESS) / share, 0.01)
+            turn = max(now, self._next_turn.get(client_id, now)) + step
+            self._next_turn[client_id] = turn
+            return turn - now
+
+    def give_back(self, client_id, seconds: float | None) -> None:
+        """A request ended after ``seconds`` (None: none was made)."""
+        with self._lock:
+            self._in_flight[client_id] -= 1
+            if self._in_flight[client_id] <= 0:
+                del self._in_flight[client_id]
+            if seconds is not None:
+                typical = self._typical.get(client_id)
+                self._typical[client_id] = (
+                    seconds if typical is None else 0.8 * typical + 0.2 * seconds
+                )
+
+
+_client_shares = _ClientShares()
+
+
 def deliver(delivery_id) -> str | None:
-    """Try one delivery now if it is due and its endpoint allows it.
+    """Try one delivery now if it is due, its endpoint allows it and its client
+    has a share of this process's requests free.
 
     Returns the delivery's status after the try (``succeeded``, ``pending``
-    for a retry later, ``failed``), or ``None`` when no request was made
-    (not due, claimed elsewhere, or deferred by the endpoint's open circuit).
+    for a retry later, ``failed``), ``client_busy`` when it was put off to its
+    client's next turn (``next_attempt_at``; no attempt spent), or ``None``
+    when no request was made (not due, claimed elsewhere, or deferred by the
+    endpoint's open circuit).
     """
+    client_id = (
+        WebhookDelivery.objects.filter(pk=delivery_id)
+        .values_list("endpoint__client_id", flat=True)
+        .first()
+    )
+    if client_id is None:
+        return None
+    wait = _client_shares.take(client_id)
+    if wait:
+        now = timezone.now()
+        put_off = WebhookDelivery.objects.filter(
+            pk=delivery_id, status=DeliveryStatus.PENDING, next_attempt_at__lte=now
+        ).update(next_attempt_at=now + timedelta(seconds=wait), last_error=CLIENT_BUSY)
+        _count(CLIENT_BUSY)
+        return CLIENT_BUSY if put_off else None
+    started = time.monotonic()
+    status = None
+    try:
+        status = _deliver(delivery_id)
+        return status
+    finally:
+        made_request = status in (DeliveryStatus.SUCCEEDED, DeliveryStatus.PENDING)
+        _client_shares.give_back(client_id, time.monotonic() - started if made_request else None)
+
+
+def _deliver(delivery_id) -> str | None:
     claim = _claim(delivery_id)
     if not isinstance(claim, _Claim):
         return claim

@@ -91,6 +91,14 @@ def fake_dns(monkeypatch):
     return dns
 
 
+@pytest.fixture(autouse=True)
+def _fresh_webhook_shares(monkeypatch):
+    """Each test starts with no client's requests in flight or turns reserved."""
+    from payments import webhooks
+
+    monkeypatch.setattr(webhooks, "_client_shares", webhooks._ClientShares())
+
+
 @pytest.fixture
 def receiver():
     r = Receiver()

@@ -467,6 +467,7 @@ def test_open_circuit_holds_under_concurrent_claims(alice, receiver, settings):
     from tests.concurrency import run_in_threads
 
     settings.WEBHOOK_TIMEOUT_SECONDS = 10
+    settings.WEBHOOK_MAX_IN_FLIGHT_PER_CLIENT = 8  # the circuit decides here, not the share
     register(alice, receiver.url)
     deliveries = cancelled_deliveries(alice, 8)
     WebhookEndpoint.objects.update(
@@ -507,6 +508,93 @@ def test_open_circuit_holds_under_concurrent_claims(alice, receiver, settings):
     assert len(receiver.requests) == 1
     endpoint = WebhookEndpoint.objects.get()
     assert endpoint.circuit_open_until is None and endpoint.consecutive_failures == 0
+
+
+# --- a fair share per client ---------------------------------------------------------
+
+
+def test_a_client_share_starts_up_to_the_limit_then_hands_out_turns(settings):
+    """Turns are spaced by a typical request's time over the share: a slow client's
+    backlog is spread over the time its share takes, a fast client's waits little."""
+    settings.WEBHOOK_MAX_IN_FLIGHT_PER_CLIENT = 2
+    shares = webhooks._ClientShares()
+    assert [shares.take("slow"), shares.take("slow")] == [0.0, 0.0]
+    assert shares.take("other") == 0.0  # per client
+    shares.give_back("slow", 8.0)  # one ended after 8 s: typical 8 s, a turn every 4 s
+    assert shares.take("slow") == 0.0
+    waits = [shares.take("slow") for _ in range(3)]
+    assert [round(w) for w in waits] == [4, 8, 12]
+    assert shares.take("fast") == 0.0 and shares.take("fast") == 0.0
+    shares.give_back("fast", 0.02)
+    shares.give_back("fast", 0.02)
+    assert [shares.take("fast"), shares.take("fast")] == [0.0, 0.0]
+    assert 0 < shares.take("fast") <= 0.011  # at least 10 ms apart
+    shares.give_back("other", None)
+    assert "other" not in shares._in_flight  # nothing kept for a client with none in flight
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_slow_endpoint_takes_its_clients_share_not_the_other_clients_turns(
+    alice, bob, settings, monkeypatch
+):
+    """DESIGN §8: alice's endpoint holds its request (answers after the test says
+    so, never failing, so its circuit never opens); with a share of one request, her
+    next delivery is put off — no attempt spent, a turn later — while bob's is
+    sent at once."""
+    from payments import tasks
+    from tests.payments.webhook_receivers import Receiver
+
+    settings.WEBHOOK_MAX_IN_FLIGHT_PER_CLIENT = 1
+    settings.WEBHOOK_TIMEOUT_SECONDS = 30
+    slow, fast = Receiver(), Receiver()
+    try:
+        register(alice, slow.url)
+        register(bob, fast.url)
+        first, second = cancelled_deliveries(alice, 2)
+        cancelled_deliveries(bob, 1)
+        bobs = WebhookDelivery.objects.get(endpoint__client=bob.user)
+        slow.hold = threading.Event()
+        outcome = {}
+
+        def send_first():
+            try:
+                outcome["first"] = webhooks.deliver(first.pk)
+            finally:
+                connection.close()
+
+        sending = threading.Thread(target=send_first)
+        sending.start()
+        try:
+            for _ in range(300):  # until alice's first request reached her endpoint
+                if slow.requests:
+                    break
+                threading.Event().wait(0.1)
+            assert len(slow.requests) == 1
+            republished = []
+            monkeypatch.setattr(
+                tasks.deliver_webhook, "apply_async", lambda **kw: republished.append(kw)
+            )
+            assert tasks.deliver_webhook(str(second.pk)) == webhooks.CLIENT_BUSY
+            second.refresh_from_db()
+            assert (second.status, second.attempts, second.last_error) == (
+                "pending",
+                0,
+                "client_busy",
+            )
+            assert second.next_attempt_at > timezone.now()
+            [again] = republished  # comes back at its turn, not polled
+            assert again["args"] == [str(second.pk)] and again["countdown"] > 0
+            assert webhooks.deliver(bobs.pk) == "succeeded"  # while alice's still waits
+            assert len(fast.requests) == 1
+        finally:
+            slow.hold.set()
+            sending.join(30)
+        assert outcome["first"] == "succeeded"
+        due_now(second)
+        assert webhooks.deliver(second.pk) == "succeeded"
+    finally:
+        slow.close()
+        fast.close()
 
 
 # --- limits, deactivation -------------------------------------------------------------
