@@ -89,6 +89,7 @@ EXTRA_BLOCKED_NETWORKS = tuple(
     for n in (
         "0.0.0.0/8",  # "this network"
         "100.64.0.0/10",  # carrier-grade NAT (Alibaba's metadata is 100.100.100.200)
+        "168.63.129.16/32",  # Azure's WireServer: platform metadata, reachable from any VM
         "192.0.0.0/24",  # IETF protocol assignments
         "198.18.0.0/15",  # benchmarking
         "64:ff9b::/96",  # NAT64: would reach any IPv4 address through the gateway

@@ -49,6 +49,7 @@ REFUSED_URLS = [
     "https://255.255.255.255/",
     "https://100.64.0.1/",
     "https://100.100.100.200/",
+    "https://168.63.129.16/machine?comp=goalstate",  # Azure WireServer
     "https://[::]/",
     "https://[::ffff:10.0.0.1]/",
     "https://[::ffff:169.254.169.254]/",
