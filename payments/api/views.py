@@ -59,10 +59,12 @@ def idempotent(handler=None, *, stored_body=None):
         key = request.headers.get("Idempotency-Key")
         if key is None:
             return handler(view, request, *args, **kwargs)
-        if not 1 <= len(key) <= 255:
+        if not 1 <= len(key) <= 255 or not all(" " <= c <= "~" for c in key):
+            # printable ASCII: a NUL (which runserver passes on) cannot be stored
+            # in PostgreSQL text, and a key is an opaque token, not prose
             raise InvalidRequest(
-                "Idempotency-Key must be 1 to 255 characters.",
-                fields={"Idempotency-Key": "1 to 255 characters"},
+                "Idempotency-Key must be 1 to 255 printable ASCII characters.",
+                fields={"Idempotency-Key": "1 to 255 printable ASCII characters"},
             )
         if "\x00" in request.path:
             # An id with U+0000 names nothing. Answer before the key is claimed:

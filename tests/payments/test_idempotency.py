@@ -416,6 +416,17 @@ class TestSemantics:
     def test_key_length(self, alice):
         error(alice.schedule(headers={"Idempotency-Key": "x" * 256}), 400, "validation_error")
 
+    @pytest.mark.parametrize("key", ["a\x00b", "tab\there", "caf\u00e9", "\x7f"])
+    def test_a_key_is_printable_ascii(self, alice, key):
+        """A NUL reached PostgreSQL (a 500 under runserver, which passes it on)."""
+        body = error(alice.schedule(headers={"Idempotency-Key": key}), 400, "validation_error")
+        assert body["details"]["fields"]["Idempotency-Key"] == [
+            "1 to 255 printable ASCII characters"
+        ]
+        assert not IdempotencyKey.objects.exists() and not Payment.objects.exists()
+        ok = alice.schedule(headers={"Idempotency-Key": " ~!#key-2026-11 "})
+        assert ok.status_code == 201
+
 
 @pytest.mark.django_db(transaction=True)
 def test_twenty_concurrent_requests_with_one_key(alice):
