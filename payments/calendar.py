@@ -157,18 +157,7 @@ def _cron(spec: Spec, floor: datetime) -> Iterator[datetime]:
     pending: list[datetime] = []
     last = floor
     while True:
-        try:
-            local = it.get_next(datetime)
-            for instant in resolve_local(
-                local, tz, nonexistent=spec.nonexistent, ambiguous=spec.ambiguous
-            ):
-                heapq.heappush(pending, instant)
-            earliest = local.replace(tzinfo=tz, fold=0).astimezone(UTC)
-            bound = earliest - _dst_margin(earliest, tz)
-        except (CroniterError, OverflowError, ValueError):
-            # no further match, or past year 9999 ("year 10000 is out of range"
-            # from croniter's arithmetic): what waits is all there is
-            bound = None
+        bound = _next_wall_time(it, tz, spec, pending)
         while pending and (bound is None or pending[0] <= bound):
             instant = heapq.heappop(pending)
             if spec.end_time is not None and instant > spec.end_time:
@@ -178,6 +167,30 @@ def _cron(spec: Spec, floor: datetime) -> Iterator[datetime]:
                 yield instant
         if bound is None or (spec.end_time is not None and bound > spec.end_time):
             return
+
+
+def _next_wall_time(it: croniter, tz: ZoneInfo, spec: Spec, pending: list) -> datetime | None:
+    """Push the next wall time's instants onto ``pending``; return the earliest
+    instant any later wall time can still give, or None where the calendar
+    ends (no further match, or past year 9999: what waits is all there is)."""
+    try:
+        local = it.get_next(datetime)
+    except (CroniterError, ValueError, OverflowError):  # "year 10000 is out of range"
+        return None
+    try:
+        instants = resolve_local(local, tz, nonexistent=spec.nonexistent, ambiguous=spec.ambiguous)
+        earliest = local.replace(tzinfo=tz, fold=0).astimezone(UTC)
+    except OverflowError:  # this wall time is past datetime.max in UTC
+        return None
+    for instant in instants:
+        heapq.heappush(pending, instant)
+    try:
+        return earliest - _dst_margin(earliest, tz)
+    except OverflowError:  # within MAX_GAP of datetime.max (or min): the widest margin
+        try:
+            return earliest - MAX_GAP - timedelta(minutes=1)
+        except OverflowError:
+            return datetime.min.replace(tzinfo=UTC)
 
 
 def _dst_margin(instant: datetime, tz: ZoneInfo) -> timedelta:

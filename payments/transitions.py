@@ -504,6 +504,28 @@ def dead_letter(payment: Payment, *, now: datetime) -> bool:
     return True
 
 
+def dead_letter_put_off(payment: Payment, *, now: datetime, seconds: int) -> bool:
+    """A dead letter that raised: its lease moved ``seconds`` on, so the reaper's
+    next runs reach the payments behind it (oldest lease first), and an event
+    saying so. Still QUEUED, hold kept, fence unchanged.
+
+    Caller holds the row lock. False (nothing changed) if it moved on meanwhile.
+    """
+    if payment.status != PaymentStatus.QUEUED or payment.lease_expires_at >= now:
+        return False
+    payment.lease_expires_at = now + timedelta(seconds=seconds)
+    payment.updated_at = now
+    payment.save(update_fields=["lease_expires_at", "updated_at"])
+    event(
+        payment,
+        "dead_letter_failed",
+        actor=Actor.SYSTEM,
+        from_status=PaymentStatus.QUEUED,
+        retry_in_seconds=seconds,
+    ).save()
+    return True
+
+
 # --- client and staff changes ----------------------------------------------------------
 
 

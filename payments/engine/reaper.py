@@ -27,6 +27,8 @@ from ..models import Payment, PaymentStatus
 
 logger = logging.getLogger(__name__)
 
+PUT_OFF_SECONDS = 60  # a dead letter that raised is looked at again after this
+
 
 @dataclass
 class ReapResult:
@@ -42,10 +44,16 @@ def reap_leases(*, limit: int = 10_000, budget_seconds: float | None = None) -> 
     (``PAYMENT_REAPER_BUDGET_SECONDS``) have passed in the dead-letter loop; the
     next run, 5 s later, carries on with the oldest leases first.
 
-    A dead letter that raises is logged (with the payment's id), counted in
-    ``errors`` and left for the next run; the others go on. A database error
+    A dead letter that raises is logged (with the payment's id and the
+    traceback), counted in ``errors`` and put off: its lease moved
+    ``PUT_OFF_SECONDS`` on with a ``dead_letter_failed`` event
+    (``transitions.dead_letter_put_off``), so neither this run nor the next
+    ones spend their budget on it first; the others go on. A database error
     that may be transient (connection lost, server shutting down) ends the run:
     every other row would fail the same way.
+
+    The budget is checked between rows: one dead letter waiting for a lock
+    (its hold's account) can still take up to the database's own limits.
     """
     result = ReapResult()
     max_attempts = settings.PAYMENT_MAX_ATTEMPTS
@@ -74,10 +82,12 @@ def reap_leases(*, limit: int = 10_000, budget_seconds: float | None = None) -> 
         except Exception:
             result.errors += 1
             logger.exception(
-                "reaper could not dead-letter payment %s; left for the next run",
+                "reaper could not dead-letter payment %s; put off %s s",
                 payment_id,
+                PUT_OFF_SECONDS,
                 extra={"payment_id": str(payment_id)},
             )
+            _put_off(payment_id)
     if result.requeued or result.dead_lettered:
         logger.warning(
             "reaper requeued %s and dead-lettered %s payments",
@@ -86,6 +96,18 @@ def reap_leases(*, limit: int = 10_000, budget_seconds: float | None = None) -> 
             extra={"requeued": result.requeued, "dead_lettered": result.dead_lettered},
         )
     return result
+
+
+def _put_off(payment_id) -> None:
+    try:
+        with transaction.atomic():
+            payment = locks.lock_expired_claim(payment_id)
+            if payment is not None:
+                transitions.dead_letter_put_off(payment, now=db_now(), seconds=PUT_OFF_SECONDS)
+    except (OperationalError, InterfaceError):
+        raise
+    except Exception:
+        logger.exception("reaper could not put off payment %s either", payment_id)
 
 
 def _dead_letter(payment_id) -> bool:

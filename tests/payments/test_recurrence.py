@@ -269,6 +269,20 @@ def test_fall_back_from_utc_offset_zero():
     assert upcoming(s, after=after, count=1) == [utc(2026, 10, 25, 1, 30)]
 
 
+@pytest.mark.parametrize(
+    ("tz", "expected_hours"),
+    [("UTC", [19, 20, 21, 22, 23]), ("Asia/Tokyo", [10, 11, 12, 13, 14])],
+)
+def test_the_calendar_runs_to_the_last_representable_instant(tz, expected_hours):
+    """Hourly up to 9999-12-31: every instant up to datetime.max, none dropped in
+    the last hours (a reviewer's finding: the DST margin overflowed there and
+    ended the calendar three hours early)."""
+    s = spec("0 * * * *", tz=tz, start=utc(9999, 12, 30))
+    after = utc(9999, 12, 31, expected_hours[0] - 1, 30)
+    runs = upcoming(s, after=after, count=10)
+    assert runs == [utc(9999, 12, 31, h) for h in expected_hours]
+
+
 def test_resuming_far_from_the_start_is_as_cheap_as_near_it():
     """An interval schedule jumps to the first instant after ``after``; walking
     there from ``start_time`` would take billions of steps."""

@@ -9,6 +9,7 @@ tests/payments/engine/timer.py); on the ORM path the database clock is frozen.
 import logging
 import uuid
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 from django.db import connection
@@ -429,25 +430,85 @@ def _raise_for(monkeypatch, payment_id, error):
     monkeypatch.setattr(transitions, "dead_letter", dead_letter)
 
 
-def test_a_dead_letter_that_raises_is_logged_and_the_others_go_on(
-    alice, settings, timer_path, monkeypatch, caplog
+def test_a_dead_letter_that_raises_is_logged_put_off_and_the_others_go_on(
+    alice, settings, timer_path, frozen_clock, monkeypatch, caplog
 ):
-    """DESIGN §8: one bad row never stops the rest; it stays QUEUED, hold kept, for the next run."""
+    """DESIGN §8: one bad row never stops the rest. It stays QUEUED with its hold,
+    its lease a minute on (an event says so) so later runs reach the rows behind it."""
     settings.PAYMENT_MAX_ATTEMPTS = 3
-    bad, *others = _dead_letters(alice, 3)  # the bad one has the oldest lease: it goes first
-    _raise_for(monkeypatch, bad.pk, ValueError("a row the code cannot handle"))
+    *bad, good = _dead_letters(alice, 3)  # the bad ones have the oldest leases: first in line
+    real = transitions.dead_letter
+
+    def dead_letter(payment, *, now):
+        if payment.pk in {b.pk for b in bad}:
+            raise ValueError("a row the code cannot handle")
+        return real(payment, now=now)
+
+    monkeypatch.setattr(transitions, "dead_letter", dead_letter)
     before = tasks.metrics.reaped.labels(outcome="error")._value.get()
-    assert tasks.reap_leases()["errors"] == 1
-    assert tasks.metrics.reaped.labels(outcome="error")._value.get() == before + 1
-    assert {p.pk for p in Payment.objects.filter(status="FAILED")} == {p.pk for p in others}
-    bad.refresh_from_db()
-    assert (bad.status, bad.hold.status) == ("QUEUED", "active")
-    assert not bad.events.exists()
-    [record] = [r for r in caplog.records if r.levelname == "ERROR"]
-    assert str(bad.pk) in record.getMessage()
-    assert record.exc_info is not None
-    # the next run tries it again, and nothing else is left
-    assert reaper.reap_leases() == reaper.ReapResult(errors=1)
+    now = frozen_clock or db_now()
+    assert tasks.reap_leases()["errors"] == 2
+    after = frozen_clock or db_now()
+    assert tasks.metrics.reaped.labels(outcome="error")._value.get() == before + 2
+    assert Payment.objects.get(pk=good.pk).status == "FAILED"
+    for payment in bad:
+        payment.refresh_from_db()
+        assert (payment.status, payment.hold.status, payment.fence) == ("QUEUED", "active", 1)
+        assert now + 60 * SECOND <= payment.lease_expires_at <= after + 60 * SECOND
+        event = payment.events.get()
+        assert (event.type, event.from_status, event.to_status, event.actor) == (
+            "dead_letter_failed",
+            "QUEUED",
+            "QUEUED",
+            "system",
+        )
+        assert event.data == {"retry_in_seconds": 60}
+    records = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert [r.getMessage() for r in records] == [
+        f"reaper could not dead-letter payment {b.pk}; put off 60 s" for b in bad
+    ]
+    assert [r.payment_id for r in records] == [str(b.pk) for b in bad]
+    assert all(r.exc_info is not None for r in records)
+    # put off: the next run has nothing to do until their new lease ends
+    assert reaper.reap_leases() == reaper.ReapResult()
+
+
+def test_rows_that_keep_raising_do_not_hold_back_the_ones_behind_them(
+    alice, settings, timer_path, monkeypatch
+):
+    """More bad rows than a run's budget reaches: each run puts off those it
+    tried, so a later run reaches the good row behind them."""
+    settings.PAYMENT_MAX_ATTEMPTS = 3
+    settings.PAYMENT_REAPER_BUDGET_SECONDS = 0.5
+    *_, good = _dead_letters(alice, 4)
+    real = transitions.dead_letter
+
+    def dead_letter(payment, *, now):
+        if payment.pk != good.pk:
+            raise ValueError("poison")
+        return real(payment, now=now)
+
+    monkeypatch.setattr(transitions, "dead_letter", dead_letter)
+    ticks = iter(0.25 * i for i in range(1000))  # a run has time for one row
+    monkeypatch.setattr(reaper, "time", SimpleNamespace(monotonic=lambda: next(ticks)))
+    runs = [reaper.reap_leases() for _ in range(4)]
+    assert [r.errors for r in runs] == [1, 1, 1, 0]
+    assert runs[3].dead_lettered == 1
+    assert Payment.objects.get(pk=good.pk).status == "FAILED"
+
+
+def test_equal_leases_are_taken_in_id_order(alice, settings, timer_path, monkeypatch):
+    settings.PAYMENT_MAX_ATTEMPTS = 3
+    expired = db_now() - SECOND
+    payments = [
+        queued_payment(alice.account, alice.other_account, lease_expires_at=expired, attempts=3)
+        for _ in range(3)
+    ]
+    ticks = iter(0.25 * i for i in range(1000))
+    monkeypatch.setattr(reaper, "time", SimpleNamespace(monotonic=lambda: next(ticks)))
+    assert reaper.reap_leases(budget_seconds=0.5).dead_lettered == 1
+    first = min(payments, key=lambda p: p.pk)
+    assert set(Payment.objects.filter(status="FAILED").values_list("pk", flat=True)) == {first.pk}
 
 
 def test_a_transient_database_error_ends_the_run(alice, settings, timer_path, monkeypatch):
@@ -473,8 +534,8 @@ def test_the_dead_letters_stop_at_the_time_budget_oldest_lease_first(
     requeue = queued_payment(
         alice.account, alice.other_account, lease_expires_at=db_now() - SECOND, attempts=1
     )
-    ticks = iter(0.3 * i for i in range(100))  # each look at the clock: 0.3 s later
-    monkeypatch.setattr(reaper.time, "monotonic", lambda: next(ticks))
+    ticks = iter(0.25 * i for i in range(100))  # each look at the clock: 0.25 s later
+    monkeypatch.setattr(reaper, "time", SimpleNamespace(monotonic=lambda: next(ticks)))
     result = reaper.reap_leases()
     assert result == reaper.ReapResult(requeued=1, dead_lettered=1, budget_exhausted=True)
     failed = set(Payment.objects.filter(status="FAILED").values_list("pk", flat=True))
