@@ -309,16 +309,26 @@ def purge_idempotency_keys() -> int:
 @shared_task(name="payments.deliver_webhook", ignore_result=True, acks_late=True)
 def deliver_webhook(delivery_id: str) -> str | None:
     status = webhooks.deliver(delivery_id)
-    # a failed attempt with retries left, or put off to its client's next turn
-    # (webhooks._ClientShares): come back at its time
-    if status in ("pending", webhooks.CLIENT_BUSY):
+    if status == "pending":  # a failed attempt with retries left: come back at its time
         delay = webhooks.retry_delay(delivery_id)
         deliver_webhook.apply_async(
             args=[delivery_id], queue=routing.WEBHOOK_QUEUE, countdown=delay
         )
+    # client_busy: put off in its client's line; a request of the client that
+    # ends hands it its turn (webhooks.turn_came, below).
     # None (deferred by an open circuit, or not due): the beat task resends it
     # when due, so a dead endpoint's backlog holds no countdown messages.
     return status
+
+
+@receiver(webhooks.turn_came)
+def publish_turn(sender, delivery_id: str, **kwargs) -> None:
+    """A put-off delivery's turn came (its client's request ended here): send it now.
+    Lost (broker down), it is due again and the beat's scan sends it."""
+    try:
+        deliver_webhook.apply_async(args=[delivery_id], queue=routing.WEBHOOK_QUEUE)
+    except Exception:
+        logger.warning("could not enqueue webhook delivery %s", delivery_id, exc_info=True)
 
 
 @shared_task(name="payments.dispatch_webhooks", ignore_result=True, acks_late=True)

@@ -37,8 +37,9 @@ Fair share per client: a webhook worker process makes at most
 endpoints, whatever their number. An endpoint slow enough to hold its threads
 for the whole budget yet never failing (so never tripping its circuit) would
 otherwise take every thread of the pool in turn and hold every other client's
-webhooks behind its backlog. A delivery over the share is put off to the
-client's next turn, no attempt spent (``client_busy``; ``_ClientShares``).
+webhooks behind its backlog. A delivery over the share waits in the client's
+line, no attempt spent (``client_busy``; ``_ClientShares``), and is sent when
+one of the client's requests ends (``turn_came``).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ import logging
 import secrets
 import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -81,6 +82,7 @@ ENDPOINT_DISABLED = "endpoint_disabled"
 CIRCUIT_OPEN = "circuit_open"
 SECRET_UNAVAILABLE = "secret_unavailable"  # noqa: S105 - an error class, not a secret
 CLIENT_BUSY = "client_busy"
+TURN_FALLBACK_SECONDS = 600  # a put-off delivery is due again after this whatever happens
 
 EVENT_TYPES = (
     "payment.completed",
@@ -395,51 +397,111 @@ def _record_circuit(*, endpoint_id, ok: bool, probe: bool) -> None:
     endpoint.save(update_fields=["consecutive_failures", "circuit_open_until", "circuit_opens"])
 
 
-class _ClientShares:
-    """This process's requests per client: how many are in flight, how long one
-    typically takes, and when the client's next turn is.
+# Sent with the id of a delivery put off to its client's turn when that turn
+# comes (a request of the client ended in this process); ``payments.tasks``
+# publishes it to the webhook worker.
+turn_came = Signal()
 
-    ``take`` lets a request start while the client has fewer than
-    ``WEBHOOK_MAX_IN_FLIGHT_PER_CLIENT`` in flight; otherwise it reserves the
-    client's next turn — a typical request's time divided by the share after
-    the last reserved one — and returns the wait. A burst to a fast endpoint
-    then waits milliseconds a delivery; a backlog for a slow one is spread over
-    the time its share takes to send it, each delivery put off once, not
-    polled.
+
+class _ClientShares:
+    """This process's requests per client, and the line of deliveries waiting for one.
+
+    A request may start while the client's requests in flight (and slots
+    promised to deliveries whose turn came) are fewer than
+    ``WEBHOOK_MAX_IN_FLIGHT_PER_CLIENT`` and no delivery of the client waits in
+    line (a delivery back at its turn goes first). Otherwise the delivery joins
+    the client's line and is put off; each request of the client that ends
+    here promises its slot to the first in line (``turn_came``): put off once,
+    sent the moment a slot is free, first come first served. A promise not
+    taken up within ``PROMISE_SECONDS`` (the delivery went to another
+    process) lapses.
     """
 
-    FIRST_GUESS = 0.05  # seconds a request of a client not seen yet is taken to last
+    PROMISE_SECONDS = 30.0
 
     def __init__(self):
         self._lock = threading.Lock()
         self._in_flight: Counter = Counter()
-        self._typical: dict = {}
-        self._next_turn: dict = {}
+        self._lines: dict[object, OrderedDict] = {}
+        self._promised: dict[object, dict] = {}
 
-    def take(self, client_id) -> float:
-        """0.0: start now (counted in flight until ``give_back``); else seconds to wait."""
+    def _promises(self, client_id) -> dict:
+        promised = self._promised.get(client_id, {})
+        now = time.monotonic()
+        for delivery_id in [d for d, lapses in promised.items() if lapses <= now]:
+            del promised[delivery_id]
+        return promised
+
+    def take(self, client_id, delivery_id, *, returning: bool, until) -> bool:
+        """True: start now (in flight until ``done``). False: ``delivery_id`` waits
+        in line, put off ``until`` (the caller writes it; its turn hands it on
+        only while it is still put off to that instant)."""
         share = settings.WEBHOOK_MAX_IN_FLIGHT_PER_CLIENT
         with self._lock:
-            if self._in_flight[client_id] < share:
+            promised = self._promises(client_id)
+            line = self._lines.get(client_id)
+            busy = self._in_flight[client_id] + len(promised)
+            if delivery_id in promised or (busy < share and (returning or not line)):
+                promised.pop(delivery_id, None)
+                if line is not None:
+                    line.pop(delivery_id, None)
                 self._in_flight[client_id] += 1
-                return 0.0
-            now = time.monotonic()
-            step = max(self._typical.get(client_id, self.FIRST_GUESS) / share, 0.01)
-            turn = max(now, self._next_turn.get(client_id, now)) + step
-            self._next_turn[client_id] = turn
-            return turn - now
+                self._tidy(client_id)
+                return True
+            line = self._lines.setdefault(client_id, OrderedDict())
+            line[delivery_id] = [until, False]  # handed on once ``put_off`` says it is
+            if returning:
+                line.move_to_end(delivery_id, last=False)
+            return False
 
-    def give_back(self, client_id, seconds: float | None) -> None:
-        """A request ended after ``seconds`` (None: none was made)."""
+    def put_off(self, client_id, delivery_id) -> None:
+        """The delivery's put-off is written: its turn may come now."""
+        with self._lock:
+            entry = self._lines.get(client_id, {}).get(delivery_id)
+            if entry is not None:
+                entry[1] = True
+
+    def done(self, client_id) -> None:
+        """A request of the client ended."""
         with self._lock:
             self._in_flight[client_id] -= 1
-            if self._in_flight[client_id] <= 0:
-                del self._in_flight[client_id]
-            if seconds is not None:
-                typical = self._typical.get(client_id)
-                self._typical[client_id] = (
-                    seconds if typical is None else 0.8 * typical + 0.2 * seconds
-                )
+            self._tidy(client_id)
+
+    def next_in_line(self, client_id):
+        """``(delivery_id, until)`` of the first in line whose put-off is written, a
+        slot promised to it, if a slot is free; else None."""
+        share = settings.WEBHOOK_MAX_IN_FLIGHT_PER_CLIENT
+        with self._lock:
+            promised = self._promises(client_id)
+            line = self._lines.get(client_id)
+            if not line or self._in_flight[client_id] + len(promised) >= share:
+                return None
+            ready = next((d for d, (_, written) in line.items() if written), None)
+            if ready is None:
+                return None
+            until, _ = line.pop(ready)
+            delivery_id = ready
+            promised[delivery_id] = time.monotonic() + self.PROMISE_SECONDS
+            self._promised[client_id] = promised
+            self._tidy(client_id)
+            return delivery_id, until
+
+    def forget(self, client_id, delivery_id) -> None:
+        """``delivery_id`` waits no more (it moved on): out of the line, no promise."""
+        with self._lock:
+            if client_id in self._lines:
+                self._lines[client_id].pop(delivery_id, None)
+            if client_id in self._promised:
+                self._promised[client_id].pop(delivery_id, None)
+            self._tidy(client_id)
+
+    def _tidy(self, client_id) -> None:
+        """Nothing kept for a client with nothing in flight, waiting or promised."""
+        if self._in_flight[client_id] <= 0:
+            del self._in_flight[client_id]
+        for held in (self._lines, self._promised):
+            if client_id in held and not held[client_id]:
+                del held[client_id]
 
 
 _client_shares = _ClientShares()
@@ -450,34 +512,60 @@ def deliver(delivery_id) -> str | None:
     has a share of this process's requests free.
 
     Returns the delivery's status after the try (``succeeded``, ``pending``
-    for a retry later, ``failed``), ``client_busy`` when it was put off to its
-    client's next turn (``next_attempt_at``; no attempt spent), or ``None``
-    when no request was made (not due, claimed elsewhere, or deferred by the
-    endpoint's open circuit).
+    for a retry later, ``failed``), ``client_busy`` when it was put off to wait
+    for its client's turn (no attempt spent), or ``None`` when no request was
+    made (not due, claimed elsewhere, or deferred by the endpoint's open
+    circuit).
     """
-    client_id = (
+    row = (
         WebhookDelivery.objects.filter(pk=delivery_id)
-        .values_list("endpoint__client_id", flat=True)
+        .values_list("endpoint__client_id", "last_error")
         .first()
     )
-    if client_id is None:
+    if row is None:
         return None
-    wait = _client_shares.take(client_id)
-    if wait:
-        now = timezone.now()
+    client_id, last_error = row
+    delivery_id = str(delivery_id)
+    now = timezone.now()
+    # Put off this long at most: if this process dies with the line, the beat's
+    # scan sends the delivery again once it is due.
+    until = now + timedelta(seconds=TURN_FALLBACK_SECONDS)
+    if not _client_shares.take(
+        client_id, delivery_id, returning=last_error == CLIENT_BUSY, until=until
+    ):
         put_off = WebhookDelivery.objects.filter(
             pk=delivery_id, status=DeliveryStatus.PENDING, next_attempt_at__lte=now
-        ).update(next_attempt_at=now + timedelta(seconds=wait), last_error=CLIENT_BUSY)
+        ).update(next_attempt_at=until, last_error=CLIENT_BUSY)
+        if not put_off:
+            _client_shares.forget(client_id, delivery_id)
+            return None
         _count(CLIENT_BUSY)
-        return CLIENT_BUSY if put_off else None
-    started = time.monotonic()
-    status = None
+        _client_shares.put_off(client_id, delivery_id)
+        _hand_on(client_id)  # a slot may have freed while the put-off was written
+        return CLIENT_BUSY
     try:
-        status = _deliver(delivery_id)
-        return status
+        return _deliver(delivery_id)
     finally:
-        made_request = status in (DeliveryStatus.SUCCEEDED, DeliveryStatus.PENDING)
-        _client_shares.give_back(client_id, time.monotonic() - started if made_request else None)
+        _client_shares.done(client_id)
+        _hand_on(client_id)
+
+
+def _hand_on(client_id) -> None:
+    """Free slots of ``client_id`` go to the first in its line that still wait: each
+    is made due now and sent (``turn_came``). One that moved on meanwhile (sent
+    from elsewhere after the beat's scan) gives its turn to the next."""
+    try:
+        while (first := _client_shares.next_in_line(client_id)) is not None:
+            waiting_id, until = first
+            came = WebhookDelivery.objects.filter(
+                pk=waiting_id, status=DeliveryStatus.PENDING, next_attempt_at=until
+            ).update(next_attempt_at=timezone.now())
+            if came:
+                turn_came.send(sender=None, delivery_id=waiting_id)
+            else:
+                _client_shares.forget(client_id, waiting_id)
+    except Exception:  # the line waits for the fallback (the beat's scan), never lost
+        logger.warning("webhook turns of client %s not handed on", client_id, exc_info=True)
 
 
 def _deliver(delivery_id) -> str | None:

@@ -481,7 +481,7 @@ class WebhookDeliveryOutput(serializers.Serializer):
         "address_not_allowed (the host did not resolve to an allowed public address), "
         "redirect_not_followed, invalid_response, http_<status>, endpoint_disabled, "
         "circuit_open (waiting for the endpoint's circuit breaker), client_busy (waiting "
-        "for a turn: your other endpoints' requests use your share), secret_unavailable."
+        "in line: your other deliveries' requests use your share), secret_unavailable."
     )
     created_at = serializers.DateTimeField()
     delivered_at = serializers.DateTimeField(allow_null=True)

@@ -627,8 +627,8 @@ WEBHOOK_ALLOW_HTTP = env.bool("WEBHOOK_ALLOW_HTTP", default=False)
 WEBHOOK_ALLOWED_HOSTS = env.list("WEBHOOK_ALLOWED_HOSTS", default=[])
 # Requests one webhook worker process makes at once for one client's endpoints
 # (of its --concurrency threads, 16 as shipped): a slow but never failing
-# endpoint cannot take every thread; a delivery over the share is put off to
-# the client's next turn (by how long its requests take), no attempt spent.
+# endpoint cannot take every thread; a delivery over the share waits in the
+# client's line (no attempt spent) until one of the client's requests ends.
 WEBHOOK_MAX_IN_FLIGHT_PER_CLIENT = env.int("WEBHOOK_MAX_IN_FLIGHT_PER_CLIENT", default=4)
 # Endpoints per client (active or not): bounds the fan-out one event can cause.
 WEBHOOK_MAX_ENDPOINTS_PER_CLIENT = env.int("WEBHOOK_MAX_ENDPOINTS_PER_CLIENT", default=10)

@@ -4,6 +4,7 @@ import io
 import json
 import threading
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 from django.core.management import call_command
@@ -513,39 +514,61 @@ def test_open_circuit_holds_under_concurrent_claims(alice, receiver, settings):
 # --- a fair share per client ---------------------------------------------------------
 
 
-def test_a_client_share_starts_up_to_the_limit_then_hands_out_turns(settings):
-    """Turns are spaced by a typical request's time over the share: a slow client's
-    backlog is spread over the time its share takes, a fast client's waits little."""
+def test_a_client_share_lines_up_what_exceeds_it_first_come_first_served(settings, monkeypatch):
+    """Up to the share start at once; the rest wait in the client's line, each handed
+    a slot (promised) when one frees, in arrival order; a delivery back at its turn
+    goes first; a promise not taken up lapses; other clients are not affected."""
     settings.WEBHOOK_MAX_IN_FLIGHT_PER_CLIENT = 2
+    clock = [100.0]
+    monkeypatch.setattr(webhooks, "time", SimpleNamespace(monotonic=lambda: clock[0]))
     shares = webhooks._ClientShares()
-    assert [shares.take("slow"), shares.take("slow")] == [0.0, 0.0]
-    assert shares.take("other") == 0.0  # per client
-    shares.give_back("slow", 8.0)  # one ended after 8 s: typical 8 s, a turn every 4 s
-    assert shares.take("slow") == 0.0
-    waits = [shares.take("slow") for _ in range(3)]
-    assert [round(w) for w in waits] == [4, 8, 12]
-    assert shares.take("fast") == 0.0 and shares.take("fast") == 0.0
-    shares.give_back("fast", 0.02)
-    shares.give_back("fast", 0.02)
-    assert [shares.take("fast"), shares.take("fast")] == [0.0, 0.0]
-    assert 0 < shares.take("fast") <= 0.011  # at least 10 ms apart
-    shares.give_back("other", None)
-    assert "other" not in shares._in_flight  # nothing kept for a client with none in flight
+
+    def take(delivery, **kw):
+        return shares.take("alice", delivery, returning=kw.get("returning", False), until=delivery)
+
+    assert [take("d1"), take("d2")] == [True, True]
+    assert shares.take("bob", "b1", returning=False, until=None) is True  # per client
+    assert [take("d3"), take("d4"), take("d5")] == [False, False, False]
+    for delivery in ("d3", "d4"):
+        shares.put_off("alice", delivery)
+    assert shares.next_in_line("alice") is None  # no slot free
+    shares.done("alice")
+    assert shares.next_in_line("alice") == ("d3", "d3")  # its slot promised to d3
+    assert shares.next_in_line("alice") is None
+    assert take("d6") is False  # a newcomer neither takes the promised slot nor jumps the line
+    assert take("d3", returning=True) is True  # d3 arrives: its promised slot
+    shares.done("alice")
+    assert shares.next_in_line("alice") == ("d4", "d4")  # d5's put-off is not written yet
+    shares.put_off("alice", "d5")
+    shares.done("alice")
+    assert shares.next_in_line("alice") == ("d5", "d5")
+    assert shares.next_in_line("alice") is None  # two slots promised: none left
+    clock[0] += shares.PROMISE_SECONDS  # d4 and d5 went to another process: promises lapse
+    shares.put_off("alice", "d6")
+    assert shares.next_in_line("alice") == ("d6", "d6")
+    assert take("d7", returning=True) is True  # back at its turn, a slot free: starts
+    shares.forget("alice", "d6")
+    shares.done("alice")
+    shares.done("bob")
+    assert shares._in_flight == {} and shares._lines == {} and shares._promised == {}
 
 
 @pytest.mark.django_db(transaction=True)
 def test_a_slow_endpoint_takes_its_clients_share_not_the_other_clients_turns(
     alice, bob, settings, monkeypatch
 ):
-    """DESIGN §8: alice's endpoint holds its request (answers after the test says
-    so, never failing, so its circuit never opens); with a share of one request, her
-    next delivery is put off — no attempt spent, a turn later — while bob's is
-    sent at once."""
+    """DESIGN §8: alice's endpoint holds its request (it answers when the test says
+    so and never fails, so its circuit never opens); with a share of one request,
+    her next delivery waits in her line — put off once, no attempt spent, no message
+    polling — while bob's is sent at once; when her request ends, the waiting one
+    is made due and sent."""
     from payments import tasks
     from tests.payments.webhook_receivers import Receiver
 
     settings.WEBHOOK_MAX_IN_FLIGHT_PER_CLIENT = 1
     settings.WEBHOOK_TIMEOUT_SECONDS = 30
+    sent = []
+    monkeypatch.setattr(tasks.deliver_webhook, "apply_async", lambda **kw: sent.append(kw))
     slow, fast = Receiver(), Receiver()
     try:
         register(alice, slow.url)
@@ -570,10 +593,6 @@ def test_a_slow_endpoint_takes_its_clients_share_not_the_other_clients_turns(
                     break
                 threading.Event().wait(0.1)
             assert len(slow.requests) == 1
-            republished = []
-            monkeypatch.setattr(
-                tasks.deliver_webhook, "apply_async", lambda **kw: republished.append(kw)
-            )
             assert tasks.deliver_webhook(str(second.pk)) == webhooks.CLIENT_BUSY
             second.refresh_from_db()
             assert (second.status, second.attempts, second.last_error) == (
@@ -581,17 +600,19 @@ def test_a_slow_endpoint_takes_its_clients_share_not_the_other_clients_turns(
                 0,
                 "client_busy",
             )
-            assert second.next_attempt_at > timezone.now()
-            [again] = republished  # comes back at its turn, not polled
-            assert again["args"] == [str(second.pk)] and again["countdown"] > 0
+            assert second.next_attempt_at > timezone.now() + timedelta(minutes=9)
+            assert sent == []  # waits for its turn, not polling
             assert webhooks.deliver(bobs.pk) == "succeeded"  # while alice's still waits
             assert len(fast.requests) == 1
         finally:
             slow.hold.set()
             sending.join(30)
         assert outcome["first"] == "succeeded"
-        due_now(second)
+        assert sent == [{"args": [str(second.pk)], "queue": "webhooks"}]  # its turn came
+        second.refresh_from_db()
+        assert second.next_attempt_at <= timezone.now()
         assert webhooks.deliver(second.pk) == "succeeded"
+        assert len(slow.requests) == 2
     finally:
         slow.close()
         fast.close()
