@@ -223,6 +223,7 @@ PAYMENT_EVENT_TYPES = (
     "description_changed",
     "lease_expired",
     "dead_lettered",
+    "dead_letter_failed",
     "retried",
 )
 

@@ -1,5 +1,6 @@
 """Management commands and the periodic-task schedule of the engine."""
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -30,7 +31,12 @@ def test_management_commands(alice, monkeypatch):
     Payment.objects.update(lease_expires_at=timezone.now() - timedelta(seconds=1))
     out = StringIO()
     call_command("reap_leases", "--json", stdout=out)
-    assert '"requeued": 2' in out.getvalue()
+    assert json.loads(out.getvalue()) == {
+        "requeued": 2,
+        "dead_lettered": 0,
+        "errors": 0,
+        "budget_exhausted": False,
+    }
     assert set(Payment.objects.values_list("status", flat=True)) == {PaymentStatus.PENDING}
 
 

@@ -1,5 +1,6 @@
 """``manage.py reap_leases``: return expired QUEUED payments to PENDING (or dead-letter them)."""
 
+import dataclasses
 import json
 
 from django.core.management.base import BaseCommand
@@ -16,10 +17,11 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         result = reap_leases()
         if options["json"]:
-            self.stdout.write(
-                json.dumps({"requeued": result.requeued, "dead_lettered": result.dead_lettered})
-            )
+            self.stdout.write(json.dumps(dataclasses.asdict(result)))
         else:
-            self.stdout.write(
-                f"Requeued {result.requeued}, dead-lettered {result.dead_lettered} payments."
-            )
+            line = f"Requeued {result.requeued}, dead-lettered {result.dead_lettered} payments."
+            if result.errors:
+                line += f" {result.errors} could not be dead-lettered (put off; see the log)."
+            if result.budget_exhausted:
+                line += " Stopped at the time budget: run again for the rest."
+            self.stdout.write(line)
