@@ -249,11 +249,16 @@ class TestSemantics:
             retry = idempotency_begin(client=alice.user, key="slow", fingerprint="f")
         assert retry.replay is False and retry.record.pk == first.record.pk
         idempotency_release(record=first.record)
-        with pytest.raises(IdempotencyClaimLost):
+        with pytest.raises(IdempotencyClaimLost) as lost:
             idempotency_complete(record=first.record, status=201, body={"from": "first"})
+        assert lost.value.code == "idempotency_key_in_use"
+        assert str(lost.value) == "A request with this Idempotency-Key is in progress; retry later."
+        assert lost.value.details == {"key": "slow"}
         record = IdempotencyKey.objects.get(key="slow")
         assert (record.status, record.response_body) == (IdempotencyStatus.IN_FLIGHT, None)
         idempotency_complete(record=retry.record, status=201, body={"from": "retry"})
+        assert (retry.record.status, retry.record.response_status) == ("completed", 201)
+        assert retry.record.response_body == {"from": "retry"}
         record.refresh_from_db()
         assert (record.status, record.response_body) == (
             IdempotencyStatus.COMPLETED,
@@ -374,6 +379,19 @@ class TestSemantics:
         )
         with pytest.raises(ValidationError):
             duplicate.validate_constraints()
+
+    def test_completing_one_claim_leaves_claims_of_the_same_instant_alone(self, alice, bob):
+        with time_machine.travel(timezone.now(), tick=False):
+            mine = idempotency_begin(client=alice.user, key="k", fingerprint="f")
+            others = [
+                idempotency_begin(client=alice.user, key="other", fingerprint="f"),
+                idempotency_begin(client=bob.user, key="k", fingerprint="f"),
+            ]
+        assert {o.record.locked_at for o in others} == {mine.record.locked_at}
+        idempotency_complete(record=mine.record, status=201, body={"ok": True})
+        idempotency_release(record=others[0].record)
+        statuses = dict(IdempotencyKey.objects.values_list("pk", "status"))
+        assert statuses == {mine.record.pk: "completed", others[1].record.pk: "in_flight"}
 
     def test_completing_after_a_takeover_writes_nothing(self, alice):
         """Completion must not undo a takeover that happened meanwhile: it is refused
