@@ -9,12 +9,15 @@ accounts (the action reports each one it skipped).
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
+from django.db import DataError
 from django.db.models import F
 from django.shortcuts import get_object_or_404, redirect
 from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
+
+from scheduler_project.admin_actions import one_by_one
 
 from . import selectors, services
 from .exceptions import LedgerError
@@ -80,6 +83,18 @@ class AccountAdmin(admin.ModelAdmin):
     class Media:
         css = {"all": ("ledger/admin.css",)}
 
+    EDITABLE = ("name", "max_payment_amount")
+
+    def save_model(self, request, obj, form, change):
+        """A change writes only the fields the form edits: a plain save would write
+        back the balance, holds and version read when the page was loaded, undoing
+        every posting committed since (money created or destroyed)."""
+        if not change:
+            return super().save_model(request, obj, form, change)
+        changed = [name for name in self.EDITABLE if name in form.changed_data]
+        if changed:
+            obj.save(update_fields=changed)
+
     def get_readonly_fields(self, request, obj=None):
         """The owner is chosen when an account is added and never changes after."""
         if obj is None:
@@ -137,14 +152,13 @@ class AccountAdmin(admin.ModelAdmin):
         }
 
     def _set_status(self, request, queryset, status):
-        done = 0
-        for account_id in queryset.values_list("pk", flat=True):
-            try:
-                services.account_set_status(account_id=account_id, status=status)
-                done += 1
-            except LedgerError as exc:
-                self.message_user(request, str(exc), messages.ERROR)
-        self.message_user(request, f"{done} account(s) set to {status}.")
+        one_by_one(
+            self,
+            request,
+            queryset,
+            lambda account_id: services.account_set_status(account_id=account_id, status=status),
+            done=lambda n: f"{n} account(s) set to {status}.",
+        )
 
     def has_freeze_permission(self, request):
         return request.user.has_perm("ledger.freeze_account")
@@ -190,6 +204,9 @@ class AccountAdmin(admin.ModelAdmin):
                 )
             except LedgerError as exc:
                 form.add_error(None, exc.message)
+            except (DataError, OverflowError):  # a balance past 64 bits (OverflowError:
+                # SQLite's driver, before the statement): nothing was written
+                form.add_error("amount", "This amount would take a balance out of range.")
             else:
                 self.message_user(
                     request, f"Adjustment posted as entry #{entry.pk}.", messages.SUCCESS
@@ -207,7 +224,9 @@ class AccountAdmin(admin.ModelAdmin):
 
 class AdjustmentForm(forms.Form):
     amount = forms.IntegerField(
-        help_text="Positive credits the account, negative debits it; balanced against issuance."
+        min_value=-(2**63 - 1),
+        max_value=2**63 - 1,
+        help_text="Positive credits the account, negative debits it; balanced against issuance.",
     )
     reason = forms.CharField(max_length=255, help_text="Recorded on the journal entry.")
 

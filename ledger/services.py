@@ -842,6 +842,12 @@ def adjustment_post(
     if not description.strip():
         raise InvalidAmount("An adjustment needs a reason.")
     issuance_id = issuance_account().pk
+    if Account.objects.filter(pk=account_id, system_code__isnull=False).exists():
+        # the issuance account against itself would be a no-op entry in the audit trail
+        raise SystemAccountProtected(
+            f"Account {account_id} is a system account; it cannot be adjusted.",
+            account_id=account_id,
+        )
     with transaction.atomic():
         batch = LedgerBatch(account_ids=[account_id, issuance_id])
         entry = batch.post_entry(

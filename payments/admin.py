@@ -27,7 +27,7 @@ from django.utils.html import format_html
 from ledger.admin import AccountAdmin as LedgerAccountAdmin
 from ledger.admin import ReadOnlyAdmin
 from ledger.models import Account
-from scheduler_project.errors import DomainError
+from scheduler_project.admin_actions import one_by_one
 
 from . import services, tokens
 from .formatting import duration_ms
@@ -252,15 +252,7 @@ class PaymentAdmin(ReadOnlyAdmin):
         return request.user.has_perm("payments.retry_payment")
 
     def _apply(self, request, queryset, service, verb):
-        done = 0
-        for payment_id in queryset.values_list("pk", flat=True):
-            try:
-                service(payment_id)
-                done += 1
-            except DomainError as exc:
-                self.message_user(request, f"{payment_id}: {exc.message}", messages.WARNING)
-        if done:
-            self.message_user(request, f"{done} payment(s) {verb}.", messages.SUCCESS)
+        one_by_one(self, request, queryset, service, done=lambda n: f"{n} payment(s) {verb}.")
 
     @admin.action(description="Cancel selected payments", permissions=["cancel"])
     def cancel_payments(self, request, queryset):

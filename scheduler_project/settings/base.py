@@ -603,6 +603,9 @@ RECURRING_MATERIALIZE_BUDGET_SECONDS = env.float(
 )
 RECURRING_MATERIALIZE_BATCH = env.int("RECURRING_MATERIALIZE_BATCH", default=200)
 RECURRING_MAX_OCCURRENCES_PER_RUN = env.int("RECURRING_MAX_OCCURRENCES_PER_RUN", default=200)
+# Support staff's bulk actions (cancel, retry, freeze, unfreeze) refuse a
+# selection larger than this: each item is a transaction in the web request.
+ADMIN_ACTION_MAX_ITEMS = env.int("ADMIN_ACTION_MAX_ITEMS", default=500)
 # Per-client quota: active + paused schedules (422 limit_exceeded beyond it).
 RECURRING_MAX_ACTIVE_PER_CLIENT = env.int("RECURRING_MAX_ACTIVE_PER_CLIENT", default=100)
 # Webhooks: tries per delivery, first retry delay (doubling, capped at 1 h).

@@ -1,0 +1,61 @@
+"""Support staff's bulk actions, one item at a time and bounded (DESIGN §8).
+
+Both apps' admin actions (cancel, retry dead letters, freeze, unfreeze) go
+through ``one_by_one``: a selection larger than ``ADMIN_ACTION_MAX_ITEMS`` is
+refused before anything is done (a "select all" over a million payments would
+hold a web thread and a pooled connection for hours); each item runs in its
+own transaction, a business refusal of one is reported and the rest go on; a
+database error stops the action and says how far it got (the rest would
+likely fail the same way, and what is done stays done).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from django.conf import settings
+from django.contrib import messages
+from django.db import DatabaseError
+
+from .errors import DomainError
+
+SHOWN_REFUSALS = 5  # the first refusals named in the message; the rest counted
+
+
+def one_by_one(
+    modeladmin, request, queryset, call: Callable[[object], object], *, done: Callable[[int], str]
+) -> int:
+    """Run ``call(pk)`` for each selected object, report in messages; how many went through."""
+    limit = settings.ADMIN_ACTION_MAX_ITEMS
+    ids = list(queryset.order_by("pk").values_list("pk", flat=True)[: limit + 1])
+    if len(ids) > limit:
+        modeladmin.message_user(
+            request,
+            f"More than {limit} selected: an action handles at most {limit} at once. "
+            "Narrow the selection (a filter) and run it again; nothing was done.",
+            messages.ERROR,
+        )
+        return 0
+    count, refused = 0, []
+    for pk in ids:
+        try:
+            call(pk)
+        except DomainError as exc:
+            refused.append(f"{pk}: {exc.message}")
+            continue
+        except DatabaseError as exc:
+            modeladmin.message_user(
+                request,
+                f"Stopped at {pk}: the database refused ({type(exc).__name__}). "
+                f"{count} done before it; run the action again for the rest.",
+                messages.ERROR,
+            )
+            break
+        count += 1
+    if refused:
+        more = len(refused) - SHOWN_REFUSALS
+        shown = "; ".join(refused[:SHOWN_REFUSALS]) + (f"; and {more} more" if more > 0 else "")
+        modeladmin.message_user(request, f"{len(refused)} refused — {shown}", messages.WARNING)
+    if count:
+        modeladmin.message_user(request, done(count), messages.SUCCESS)
+    return count
