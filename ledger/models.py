@@ -105,6 +105,21 @@ class Account(models.Model):
         label = self.name or self.system_code or "account"
         return f"#{self.pk} {label}"
 
+    MONEY_FIELDS = frozenset({"balance", "held"})
+
+    def save(self, *args, **kwargs):
+        """An existing account is saved only field by field, never money: a full save
+        writes back the balance this instance read, undoing every posting since (the
+        admin's change form did). Money moves through ``ledger.services``' SQL."""
+        if not self._state.adding:
+            fields = kwargs.get("update_fields")
+            if fields is None or self.MONEY_FIELDS & set(fields):
+                raise ValueError(
+                    "An existing Account is saved with update_fields, and never its "
+                    "balance or held: those change only through ledger.services' SQL."
+                )
+        super().save(*args, **kwargs)
+
     @property
     def available(self) -> int:
         return self.balance - self.held

@@ -156,3 +156,19 @@ def test_system_accounts_are_always_active():
             sql("UPDATE ledger_account SET status = %s WHERE id = %s", [status, issuance.pk])
     a = AccountFactory()
     sql("UPDATE ledger_account SET status = 'frozen' WHERE id = %s", [a.pk])  # clients may be
+
+
+def test_an_existing_account_is_never_saved_whole_nor_its_money():
+    """The admin's change form once saved an Account whole and wrote back a stale
+    balance: the model refuses any save of an existing account that could."""
+    account = AccountFactory(funded=100)
+    stale = Account.objects.get(pk=account.pk)
+    for kwargs in ({}, {"update_fields": ["name", "balance"]}, {"update_fields": ["held"]}):
+        with pytest.raises(ValueError, match="update_fields"):
+            stale.save(**kwargs)
+    stale.name = "renamed"
+    stale.save(update_fields=["name"])
+    assert Account.objects.values_list("name", "balance").get(pk=account.pk) == (
+        "renamed",
+        100,
+    )
