@@ -3,7 +3,7 @@
 import dataclasses
 import json
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from payments.engine.reaper import reap_leases
 
@@ -20,8 +20,11 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps(dataclasses.asdict(result)))
         else:
             line = f"Requeued {result.requeued}, dead-lettered {result.dead_lettered} payments."
-            if result.errors:
-                line += f" {result.errors} could not be dead-lettered (put off; see the log)."
             if result.budget_exhausted:
                 line += " Stopped at the time budget: run again for the rest."
             self.stdout.write(line)
+        if result.errors:  # exit 1: a script sees it (the numbers are printed above)
+            raise CommandError(
+                f"{result.errors} payment(s) could not be dead-lettered (put off a minute; "
+                "the log has each payment's id and traceback)."
+            )

@@ -544,3 +544,27 @@ def test_the_dead_letters_stop_at_the_time_budget_oldest_lease_first(
     # a budget of nothing dead-letters nothing, and says so
     assert reaper.reap_leases(budget_seconds=0) == reaper.ReapResult(budget_exhausted=True)
     assert tasks.reap_leases()["budget_exhausted"] is True
+
+
+def test_the_command_exits_non_zero_when_a_dead_letter_raised(
+    alice, settings, timer_path, monkeypatch
+):
+    import io
+    import json
+
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    settings.PAYMENT_MAX_ATTEMPTS = 3
+    bad, good = _dead_letters(alice, 2)
+    _raise_for(monkeypatch, bad.pk, ValueError("poison"))
+    out = io.StringIO()
+    with pytest.raises(CommandError, match="1 payment"):
+        call_command("reap_leases", "--json", stdout=out)
+    assert json.loads(out.getvalue()) == {
+        "requeued": 0,
+        "dead_lettered": 1,
+        "errors": 1,
+        "budget_exhausted": False,
+    }
+    assert Payment.objects.get(pk=good.pk).status == "FAILED"
