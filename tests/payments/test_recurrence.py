@@ -177,6 +177,13 @@ def test_random_and_hashed_cron_fields_are_refused(expr):
     assert str(raised.value) == f"Invalid cron expression {expr!r}."
 
 
+@pytest.mark.parametrize(
+    "expr", ["0 9 L * mon-fri", "0 0 1 jan,jul *", "30 8 * * SUN", "0 0 15W * *", "0 12 * DEC sat"]
+)
+def test_last_day_weekday_and_names_are_accepted(expr):
+    assert validate_cron(expr) == expr
+
+
 @pytest.mark.parametrize("name", ["America", "Etc", "posix", "right", "", ".", "../etc"])
 def test_a_folder_or_path_is_not_a_time_zone(name):
     with pytest.raises(InvalidSchedule):
@@ -341,6 +348,22 @@ def test_occurrences_are_every_resolved_wall_time_in_order(
     s = spec(cron, tz=tz, nonexistent=nonexistent, ambiguous=ambiguous)
     after = utc(2026, *when) - timedelta(days=1) + timedelta(minutes=offset_minutes)
     horizon = after + timedelta(days=2)  # the brute force looks 3 days of wall time ahead
+    expected = [i for i in brute_force(s, after, timedelta(days=3)) if i <= horizon]
+    got = upcoming(s, after=after, count=len(expected) + 1)
+    assert [i for i in got if i <= horizon] == expected
+
+
+@pytest.mark.parametrize(("tz", "when"), CHANGES)
+@pytest.mark.parametrize("cron", ["*/15 1 * * *", "*/30 * * * *", "30 2 * * *"])
+@pytest.mark.parametrize("ambiguous", ["first", "last", "both"])
+@pytest.mark.parametrize("nonexistent", ["shift", "skip"])
+def test_every_clock_change_of_2026_against_the_definition(tz, when, cron, ambiguous, nonexistent):
+    """The brute-force comparison, deterministic: every zone's changes, policies and
+    a cron with several times in the changed hour (the property test above draws
+    from the same space at random)."""
+    s = spec(cron, tz=tz, nonexistent=nonexistent, ambiguous=ambiguous)
+    after = utc(2026, *when) - timedelta(days=1)
+    horizon = after + timedelta(days=2)
     expected = [i for i in brute_force(s, after, timedelta(days=3)) if i <= horizon]
     got = upcoming(s, after=after, count=len(expected) + 1)
     assert [i for i in got if i <= horizon] == expected
