@@ -568,3 +568,23 @@ def test_the_command_exits_non_zero_when_a_dead_letter_raised(
         "budget_exhausted": False,
     }
     assert Payment.objects.get(pk=good.pk).status == "FAILED"
+
+
+def test_a_row_that_cannot_even_be_put_off_is_logged_and_the_run_goes_on(
+    alice, settings, timer_path, monkeypatch, caplog
+):
+    settings.PAYMENT_MAX_ATTEMPTS = 3
+    bad, good = _dead_letters(alice, 2)
+    _raise_for(monkeypatch, bad.pk, ValueError("poison"))
+
+    def put_off(payment, **kwargs):
+        raise ValueError("cannot write it either")
+
+    monkeypatch.setattr(transitions, "dead_letter_put_off", put_off)
+    assert reaper.reap_leases() == reaper.ReapResult(dead_lettered=1, errors=1)
+    messages = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert messages == [
+        f"reaper could not dead-letter payment {bad.pk}; put off 60 s",
+        f"reaper could not put off payment {bad.pk} either",
+    ]
+    assert Payment.objects.get(pk=good.pk).status == "FAILED"
