@@ -533,9 +533,13 @@ def deliver(delivery_id) -> str | None:
     if not _client_shares.take(
         client_id, delivery_id, returning=last_error == CLIENT_BUSY, until=until
     ):
-        put_off = WebhookDelivery.objects.filter(
-            pk=delivery_id, status=DeliveryStatus.PENDING, next_attempt_at__lte=now
-        ).update(next_attempt_at=until, last_error=CLIENT_BUSY)
+        try:
+            put_off = WebhookDelivery.objects.filter(
+                pk=delivery_id, status=DeliveryStatus.PENDING, next_attempt_at__lte=now
+            ).update(next_attempt_at=until, last_error=CLIENT_BUSY)
+        except BaseException:  # not written: it must not stay in line (nothing hands it on)
+            _client_shares.forget(client_id, delivery_id)
+            raise
         if not put_off:
             _client_shares.forget(client_id, delivery_id)
             return None

@@ -632,7 +632,7 @@ WEBHOOK_ALLOWED_HOSTS = env.list("WEBHOOK_ALLOWED_HOSTS", default=[])
 # (of its --concurrency threads, 16 as shipped): a slow but never failing
 # endpoint cannot take every thread; a delivery over the share waits in the
 # client's line (no attempt spent) until one of the client's requests ends.
-WEBHOOK_MAX_IN_FLIGHT_PER_CLIENT = env.int("WEBHOOK_MAX_IN_FLIGHT_PER_CLIENT", default=4)
+WEBHOOK_MAX_IN_FLIGHT_PER_CLIENT = max(1, env.int("WEBHOOK_MAX_IN_FLIGHT_PER_CLIENT", default=4))
 # Endpoints per client (active or not): bounds the fan-out one event can cause.
 WEBHOOK_MAX_ENDPOINTS_PER_CLIENT = env.int("WEBHOOK_MAX_ENDPOINTS_PER_CLIENT", default=10)
 # Circuit breaker per endpoint: this many consecutive failed attempts open it;

@@ -553,6 +553,28 @@ def test_a_client_share_lines_up_what_exceeds_it_first_come_first_served(setting
     assert shares._in_flight == {} and shares._lines == {} and shares._promised == {}
 
 
+def test_a_put_off_that_fails_to_be_written_leaves_nothing_in_line(
+    alice, receiver, settings, monkeypatch
+):
+    """A database error while putting a delivery off: it is not left in its client's
+    line (where nothing would hand it on and every later delivery would queue behind it)."""
+    from django.db import OperationalError
+
+    settings.WEBHOOK_MAX_IN_FLIGHT_PER_CLIENT = 1
+    register(alice, receiver.url)
+    (delivery,) = cancelled_deliveries(alice, 1)
+    shares = webhooks._client_shares
+    shares.take(alice.user.pk, "in flight", returning=False, until=None)  # the share is used
+
+    def update_fails(self, **kwargs):
+        raise OperationalError("server closed the connection")
+
+    monkeypatch.setattr(type(WebhookDelivery.objects.none()), "update", update_fails)
+    with pytest.raises(OperationalError):
+        webhooks.deliver(delivery.pk)
+    assert shares._lines == {}
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_slow_endpoint_takes_its_clients_share_not_the_other_clients_turns(
     alice, bob, settings, monkeypatch
