@@ -34,7 +34,7 @@ PUT_OFF_SECONDS = 60  # a dead letter that raised is looked at again after this
 class ReapResult:
     requeued: int = 0
     dead_lettered: int = 0
-    errors: int = 0  # dead letters that raised: logged, left QUEUED for the next run
+    errors: int = 0  # dead letters that raised: logged, put off PUT_OFF_SECONDS (still QUEUED)
     budget_exhausted: bool = False
 
 
