@@ -603,6 +603,12 @@ RECURRING_MATERIALIZE_BUDGET_SECONDS = env.float(
 )
 RECURRING_MATERIALIZE_BATCH = env.int("RECURRING_MATERIALIZE_BATCH", default=200)
 RECURRING_MAX_OCCURRENCES_PER_RUN = env.int("RECURRING_MAX_OCCURRENCES_PER_RUN", default=200)
+# The occurrences of one schedule that run (a hold each) are committed this many
+# at a time: a hold locks the source account until commit, and the payment
+# workers' batches paying from or to it wait that long (at least 1).
+RECURRING_OCCURRENCES_PER_TRANSACTION = max(
+    1, env.int("RECURRING_OCCURRENCES_PER_TRANSACTION", default=20)
+)
 # Support staff's bulk actions (cancel, retry, freeze, unfreeze) refuse a
 # selection larger than this: each item is a transaction in the web request.
 ADMIN_ACTION_MAX_ITEMS = env.int("ADMIN_ACTION_MAX_ITEMS", default=500)

@@ -7,9 +7,10 @@ one schedule's exception end the whole run.
 
 import logging
 from datetime import UTC, datetime, timedelta
+from itertools import groupby
 
 import pytest
-from django.db import OperationalError
+from django.db import OperationalError, connection
 from django.utils import timezone
 
 from payments import calendar, metrics
@@ -21,7 +22,7 @@ from payments.models import (
     WebhookDelivery,
     WebhookEndpoint,
 )
-from tests.concurrency import run_in_threads
+from tests.concurrency import in_other_connection, run_in_threads
 from tests.factories import AccountFactory, UserFactory
 from tests.payments.conftest import Client, dispatched
 from tests.payments.test_api import error
@@ -222,6 +223,71 @@ def test_a_long_catch_up_is_spread_over_runs_and_records_every_instant(
     # 500 missed, of which the policy runs the latest `ran`; the 501st (30 s ago) is on time
     assert statuses == ["skipped"] * (500 - ran) + ["scheduled"] * (ran + 1)
     assert Payment.objects.filter(recurring=schedule).count() == ran + 1
+
+
+def catch_up_of_twelve(accounts, settings):
+    """A run_all schedule 11.5 minutes behind: 11 missed minutes and one on time run."""
+    settings.RECURRING_OCCURRENCES_PER_TRANSACTION = 5
+    settings.RECURRING_MATERIALIZE_AHEAD_SECONDS = 0
+    source, target = accounts
+    start = timezone.now() - timedelta(minutes=11, seconds=30)
+    return make_schedule(
+        source, target, start=start, every=60, missed_run_policy="run_all", max_catch_up=20
+    )
+
+
+def test_a_catch_up_commits_its_holds_a_few_at_a_time(accounts, settings, monkeypatch):
+    """A hold locks the source account until commit; a catch-up of 200 occurrences
+    in one transaction held it ~1.3 s, and every payment batch touching that
+    account (other clients' payments collapsed with it) waited. The occurrences
+    that run go RECURRING_OCCURRENCES_PER_TRANSACTION to a transaction, the
+    cursor advanced with each, and the call still handles them all."""
+    schedule = catch_up_of_twelve(accounts, settings)
+    blocks = []  # the transaction each occurrence ran in (kept alive: distinct ids)
+    real = materializer._run_occurrence
+
+    def run_occurrence(schedule, instant, due_at):
+        blocks.append(connection.atomic_blocks[-1])
+        return real(schedule, instant, due_at)
+
+    monkeypatch.setattr(materializer, "_run_occurrence", run_occurrence)
+    result = materializer.materialize_one(schedule.pk)
+    assert [len(list(group)) for _, group in groupby(blocks, key=id)] == [5, 5, 2]
+    assert (result.scheduled, result.skipped, result.failed, result.schedules) == (12, 0, 0, 1)
+    rows = RecurringOccurrence.objects.filter(recurring=schedule).order_by("scheduled_for")
+    assert [r.scheduled_for for r in rows] == [
+        schedule.start_time + timedelta(minutes=k) for k in range(12)
+    ]
+    assert Payment.objects.filter(recurring=schedule).count() == 12
+    schedule.refresh_from_db()
+    assert schedule.last_occurrence_at == schedule.start_time + timedelta(minutes=11)
+    assert materializer.materialize_one(schedule.pk).scheduled == 0  # nothing twice
+
+
+@pytest.mark.django_db(transaction=True)
+def test_between_pieces_the_source_account_is_free(accounts, settings, monkeypatch):
+    """Committed, not just saved: at the start of each piece another connection
+    can lock the source account at once (the executor's batch would get in)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks: PostgreSQL")
+    schedule = catch_up_of_twelve(accounts, settings)
+    source = schedule.from_account_id
+    free = []
+    real = materializer._run_occurrence
+    count = iter(range(100))
+
+    def run_occurrence(schedule, instant, due_at):
+        if next(count) % 5 == 0:  # the first occurrence of a piece: no hold placed yet
+            free.append(
+                in_other_connection(
+                    "SELECT 1 FROM ledger_account WHERE id = %s FOR UPDATE NOWAIT", [source]
+                )
+            )
+        return real(schedule, instant, due_at)
+
+    monkeypatch.setattr(materializer, "_run_occurrence", run_occurrence)
+    assert materializer.materialize_one(schedule.pk).scheduled == 12
+    assert free == [None, None, None]
 
 
 def test_far_future_instants_are_never_computed(accounts, monkeypatch):
