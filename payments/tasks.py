@@ -343,6 +343,7 @@ def dispatch_webhooks(event_ids: list[str]) -> int:
 @shared_task(name="payments.retry_webhooks", ignore_result=True)
 def retry_webhooks() -> int:
     """Beat safety net: (re)send pending deliveries whose time has come."""
+    webhooks.hand_on_lapsed()
     events = webhooks.undispatched_event_ids()
     if events:
         dispatch_webhooks.apply_async(args=[events])

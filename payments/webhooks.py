@@ -414,7 +414,8 @@ class _ClientShares:
     here promises its slot to the first in line (``turn_came``): put off once,
     sent the moment a slot is free, first come first served. A promise not
     taken up within ``PROMISE_SECONDS`` (the delivery went to another
-    process) lapses.
+    process) lapses, and the next delivery or beat scan in this process
+    hands its slot on (``hand_on_lapsed``).
     """
 
     PROMISE_SECONDS = 30.0
@@ -486,6 +487,23 @@ class _ClientShares:
             self._tidy(client_id)
             return delivery_id, until
 
+    def lapsed(self) -> list:
+        """Clients with a promise that lapsed (not yet seen by their own next
+        ``take`` or ``next_in_line``) and deliveries still in line: the slot it
+        held is free, and nothing of the client in this process may come to
+        hand it on."""
+        with self._lock:
+            now = time.monotonic()
+            clients = []
+            for client_id, promised in list(self._promised.items()):
+                gone = [d for d, lapses in promised.items() if lapses <= now]
+                for delivery_id in gone:
+                    del promised[delivery_id]
+                if gone and self._lines.get(client_id):
+                    clients.append(client_id)
+                self._tidy(client_id)
+            return clients
+
     def forget(self, client_id, delivery_id) -> None:
         """``delivery_id`` waits no more (it moved on): out of the line, no promise."""
         with self._lock:
@@ -526,6 +544,7 @@ def deliver(delivery_id) -> str | None:
         return None
     client_id, last_error = row
     delivery_id = str(delivery_id)
+    hand_on_lapsed()
     now = timezone.now()
     # Put off this long at most: if this process dies with the line, the beat's
     # scan sends the delivery again once it is due.
@@ -551,6 +570,17 @@ def deliver(delivery_id) -> str | None:
         return _deliver(delivery_id)
     finally:
         _client_shares.done(client_id)
+        _hand_on(client_id)
+
+
+def hand_on_lapsed() -> None:
+    """Slots promised here to a delivery that never came to take them up (its turn
+    message went to another webhook process, or was lost and the beat's scan
+    sent it elsewhere) lapse after ``PROMISE_SECONDS``; their clients' lines
+    move on. Run by every delivery in this process and the beat's scan: a
+    client with nothing else going on here would otherwise wait for the
+    fallback (``TURN_FALLBACK_SECONDS``, 10 minutes)."""
+    for client_id in _client_shares.lapsed():
         _hand_on(client_id)
 
 

@@ -3,6 +3,7 @@
 import io
 import json
 import threading
+import time
 from datetime import timedelta
 from types import SimpleNamespace
 
@@ -573,6 +574,53 @@ def test_a_put_off_that_fails_to_be_written_leaves_nothing_in_line(
     with pytest.raises(OperationalError):
         webhooks.deliver(delivery.pk)
     assert shares._lines == {}
+
+
+def test_a_lapsed_promise_moves_its_clients_line_on_at_the_next_delivery_here(
+    alice, bob, receiver, settings, monkeypatch
+):
+    """A turn handed to alice's first waiting delivery went to another webhook
+    process: the promise lapses and her second waiting delivery gets the slot at
+    the next delivery in this process — bob's here — or the beat's scan, not after
+    the 10-minute fallback (nothing of alice's comes here to hand it on)."""
+    from payments import tasks
+
+    settings.WEBHOOK_MAX_IN_FLIGHT_PER_CLIENT = 1
+    sent = []
+    monkeypatch.setattr(tasks.deliver_webhook, "apply_async", lambda **kw: sent.append(kw))
+    shares = webhooks._client_shares
+    monkeypatch.setattr(shares, "PROMISE_SECONDS", 0.05)
+    register(alice, receiver.url)
+    register(bob, receiver.url)
+    first, second = cancelled_deliveries(alice, 2)
+    (bobs,) = cancelled_deliveries(bob, 1)[2:]
+    shares.take(alice.user.pk, "in flight", returning=False, until=None)  # her share is used
+    assert [webhooks.deliver(first.pk), webhooks.deliver(second.pk)] == ["client_busy"] * 2
+    shares.done(alice.user.pk)  # her request ends: the slot is promised to the first
+    webhooks._hand_on(alice.user.pk)
+    assert [kw["args"] for kw in sent] == [[str(first.pk)]]  # ... which another process took
+    time.sleep(0.06)
+    second.refresh_from_db()
+    assert second.next_attempt_at > timezone.now() + timedelta(minutes=9)  # still put off
+    assert webhooks.deliver(bobs.pk) == "succeeded"
+    assert [kw["args"] for kw in sent] == [[str(first.pk)], [str(second.pk)]]
+    second.refresh_from_db()
+    assert second.next_attempt_at <= timezone.now()
+    # the beat's scan does the same when no delivery comes this way
+    shares.forget(alice.user.pk, str(second.pk))
+    shares.take(alice.user.pk, "in flight", returning=False, until=None)
+    third = cancelled_deliveries(alice, 1)[-1]
+    assert webhooks.deliver(third.pk) == "client_busy"
+    shares.done(alice.user.pk)
+    webhooks._hand_on(alice.user.pk)  # promised to the third, which never comes here
+    fourth = cancelled_deliveries(alice, 1)[-1]
+    assert webhooks.deliver(fourth.pk) == "client_busy"
+    time.sleep(0.06)
+    del sent[:]
+    tasks.retry_webhooks()
+    assert [str(fourth.pk)] in [kw["args"] for kw in sent]
+    shares.forget(alice.user.pk, str(fourth.pk))
+    assert shares._in_flight == {} and shares._lines == {} and shares._promised == {}
 
 
 @pytest.mark.django_db(transaction=True)
