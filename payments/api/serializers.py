@@ -220,6 +220,17 @@ class CancelOutput(serializers.Serializer):
     payment = PaymentOutput()
 
 
+# Kept in the database and shown to staff, never to clients: which host and
+# process ran an attempt (``executor.worker_name``) is the service's inside.
+INTERNAL_EVENT_DATA = frozenset({"worker"})
+
+
+class ClientEventData(serializers.DictField):
+    def to_representation(self, value):
+        shown = {k: v for k, v in value.items() if k not in INTERNAL_EVENT_DATA}
+        return super().to_representation(shown)
+
+
 class EventOutput(serializers.Serializer):
     event_id = serializers.IntegerField(source="id")
     type = serializers.ChoiceField(choices=PAYMENT_EVENT_TYPES)
@@ -229,14 +240,13 @@ class EventOutput(serializers.Serializer):
     to_status = serializers.ChoiceField(choices=PaymentStatus.choices)
     actor = serializers.ChoiceField(choices=Actor.choices)
     fence = serializers.IntegerField(allow_null=True)
-    data = serializers.DictField()
+    data = ClientEventData()
     created_at = serializers.DateTimeField()
 
 
 class AttemptOutput(serializers.Serializer):
     number = serializers.IntegerField()
     fence = serializers.IntegerField()
-    worker = serializers.CharField()
     started_at = serializers.DateTimeField()
     finished_at = serializers.DateTimeField(allow_null=True)
     outcome = serializers.ChoiceField(choices=AttemptOutcome.choices)

@@ -218,7 +218,8 @@ class PaymentCancelView(APIView):
     def _cancel(self, request, payment_id):
         pid = parse_payment_id(payment_id)
         selectors.payment_get(client=request.user, payment_id=pid)
-        data = parse(s.CancelInput, request.data or {})
+        body = request.data  # no body (an empty form or no content) or JSON null: no reason
+        data = parse(s.CancelInput, {} if body is None or body == {} else body)
         payment = services.payment_cancel(
             payment_id=pid,
             client=request.user,

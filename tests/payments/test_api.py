@@ -14,6 +14,7 @@ from ledger import services as ledger
 from ledger.models import Account, Hold, JournalEntry
 from payments.api import serializers as s
 from payments.models import Payment, PaymentEvent, PaymentStatus
+from tests.payments.helpers import make_due, sweep
 
 pytestmark = pytest.mark.django_db
 
@@ -551,6 +552,50 @@ def test_events_and_attempts(alice):
     ]
     assert events[1]["data"] == {"reason": "changed my mind"}
     assert alice.api.get(f"/api/v1/payments/{payment_id}/attempts").json() == {"attempts": []}
+
+
+def test_the_history_a_client_reads_names_no_host_or_process(alice, monkeypatch):
+    """Which host and process ran an attempt is kept for staff (admin, database),
+    not shown to clients: attempts had ``worker`` and executed events its
+    ``data.worker`` ("host:pid")."""
+    from payments.engine import executor
+    from payments.models import PaymentAttempt
+
+    monkeypatch.setattr(executor, "worker_name", lambda: "db-host-7:4242")
+    payment_id = alice.schedule().json()["payment_id"]
+    make_due(payment_id)
+    _, published = sweep(monkeypatch)
+    executor.execute_chunk(published.items())
+    assert Payment.objects.get(pk=payment_id).status == "COMPLETED"
+    assert PaymentAttempt.objects.get(payment_id=payment_id).worker == "db-host-7:4242"
+    base = f"/api/v1/payments/{payment_id}"
+    for path in (f"{base}/attempts", f"{base}/events"):
+        body = alice.api.get(path).content.decode()
+        assert "db-host-7" not in body and "4242" not in body and '"worker"' not in body
+    (attempt,) = alice.api.get(f"{base}/attempts").json()["attempts"]
+    assert (attempt["number"], attempt["outcome"]) == (1, "succeeded")
+    assert PaymentEvent.objects.filter(payment_id=payment_id, data__worker="db-host-7:4242")
+
+
+@pytest.mark.parametrize("body", ["[]", "0", "false", '""', '"x"', "[{}]"])
+def test_a_cancel_body_that_is_not_an_object_is_refused(alice, body):
+    """A cancel's body is an object or nothing: ``[]``, ``0`` or ``false`` were taken
+    for no body and the payment was cancelled."""
+    payment_id = alice.schedule().json()["payment_id"]
+    response = alice.api.post(
+        f"/api/v1/payments/{payment_id}/cancel", data=body, content_type="application/json"
+    )
+    error(response, 400, "validation_error")
+    assert Payment.objects.get(pk=payment_id).status == "PENDING"
+
+
+@pytest.mark.parametrize("body", [None, "", "{}", "null"])
+def test_a_cancel_without_a_body_or_with_an_empty_object_cancels(alice, body):
+    payment_id = alice.schedule().json()["payment_id"]
+    kwargs = {} if body is None else {"data": body, "content_type": "application/json"}
+    response = alice.api.post(f"/api/v1/payments/{payment_id}/cancel", **kwargs)
+    assert response.status_code == 200, response.content
+    assert Payment.objects.get(pk=payment_id).status == "CANCELLED"
 
 
 # --- accounts ------------------------------------------------------------------
