@@ -200,6 +200,46 @@ class WebhookEndpointWriteThrottle(SharedCacheThrottle, UserRateThrottle):
     scope = "webhook_endpoint_writes"
 
 
+class OneAtATime:
+    """At most one request of a kind in flight per client, across the web
+    processes (the shared cache; one process's memory on a laptop).
+
+    A rate alone lets a client's budget arrive at once: ten endpoint
+    registrations in parallel each hold a web thread for their DNS look-up,
+    and every other client's request waits for a thread meanwhile. The slot
+    is a cache key added only if absent (Redis ``SET NX``) and deleted when the
+    request ends; it expires after ``seconds`` if the process dies holding
+    it. The cache being down lets the request through (like the throttles).
+    """
+
+    def __init__(self, kind: str, seconds: float):
+        self.kind = kind
+        self.seconds = seconds
+
+    def _key(self, client_id) -> str:
+        return f"one-at-a-time:{self.kind}:{client_id}"
+
+    def acquire(self, client_id) -> str | None:
+        """A token to ``release`` with ("" when the cache is down), or None: busy."""
+        token = os.urandom(8).hex()
+        try:
+            added = caches[DEFAULT_CACHE_ALIAS].add(self._key(client_id), token, self.seconds)
+        except RedisError:
+            logger.warning("slot cache unavailable; request allowed", exc_info=True)
+            return ""
+        return token if added else None
+
+    def release(self, client_id, token: str) -> None:
+        if not token:
+            return
+        backend = caches[DEFAULT_CACHE_ALIAS]
+        try:
+            if backend.get(self._key(client_id)) == token:  # not another request's, after expiry
+                backend.delete(self._key(client_id))
+        except RedisError:
+            logger.warning("slot cache unavailable; slot left to expire", exc_info=True)
+
+
 class InternalRateThrottle(SharedCacheThrottle):
     """One budget per client address for the operator endpoint, whatever it sends."""
 

@@ -3,7 +3,8 @@ idempotency and error shape as payments."""
 
 from __future__ import annotations
 
-from rest_framework import status
+from django.conf import settings
+from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -12,7 +13,7 @@ from ..exceptions import NotFound
 from ..models import RecurringOccurrence, RecurringPayment
 from ..selectors import id_desc_page, newest_first_page
 from . import serializers as s
-from .auth import WebhookEndpointWriteThrottle
+from .auth import OneAtATime, WebhookEndpointWriteThrottle
 from .schema import api_operation
 from .views import idempotent, parse, parse_uuid
 
@@ -178,14 +179,51 @@ def without_secret(body: dict) -> dict:
     return {**body, "secret": None, "secret_shown_once": True}
 
 
+ENDPOINT_WRITES = ("POST", "PATCH", "PUT")
+# One endpoint write of a client at a time (each may wait on DNS, see below).
+_endpoint_write_slot = OneAtATime("webhook-endpoint-write", seconds=60)
+
+
 class WebhookEndpointWrites:
-    """POST and PATCH also spend the client's ``WebhookEndpointWriteThrottle`` budget."""
+    """POST and PATCH also spend the client's ``WebhookEndpointWriteThrottle`` budget,
+    and run one at a time per client: each looks its host up inside the request
+    (up to ``WEBHOOK_REGISTRATION_DNS_SECONDS``), holding a web thread, so a
+    client's writes sent in parallel would take the web threads from everyone
+    else. The second one meanwhile gets 429 ``throttled`` (Retry-After)."""
+
+    _slot: str | None = None
 
     def get_throttles(self):
         throttles = super().get_throttles()
-        if self.request.method in ("POST", "PATCH", "PUT"):
+        if self.request.method in ENDPOINT_WRITES:
             throttles.append(WebhookEndpointWriteThrottle())
         return throttles
+
+    def initial(self, request, *args, **kwargs):
+        super().initial(request, *args, **kwargs)  # authenticated, throttles spent
+        if request.method in ENDPOINT_WRITES:
+            self._slot = _endpoint_write_slot.acquire(request.user.pk)
+            if self._slot is None:
+                raise exceptions.Throttled(
+                    wait=settings.WEBHOOK_REGISTRATION_DNS_SECONDS,
+                    detail="Another change to your webhook endpoints is in progress; "
+                    "retry when it has finished.",
+                )
+
+    def _release(self) -> None:
+        if self._slot is not None:
+            slot, self._slot = self._slot, None
+            _endpoint_write_slot.release(self.request.user.pk, slot)
+
+    def handle_exception(self, exc):
+        try:
+            return super().handle_exception(exc)
+        finally:  # an exception DRF does not turn into a response is re-raised
+            self._release()
+
+    def finalize_response(self, request, response, *args, **kwargs):
+        self._release()
+        return super().finalize_response(request, response, *args, **kwargs)
 
 
 class WebhookEndpointCollectionView(WebhookEndpointWrites, APIView):

@@ -12,7 +12,7 @@ from django.core.management import call_command
 from django.db import connection, transaction
 from django.utils import timezone
 
-from payments import services, webhooks
+from payments import services, webhook_transport, webhooks
 from payments.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint, WebhookEvent
 from tests.payments.conftest import dispatched
 from tests.payments.helpers import make_due, sweep
@@ -107,6 +107,80 @@ def test_endpoint_writes_have_a_budget_of_their_own_per_client(alice, bob, fake_
     assert alice.api.get(f"/api/v1/webhook-endpoints/{eid}").status_code == 200
     register(bob, "https://example.test/bob")
     assert WebhookEndpoint.objects.filter(client=alice.user).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)  # the look-up runs on a thread of its own
+def test_a_clients_endpoint_writes_run_one_at_a_time(alice, bob, fake_dns, monkeypatch):
+    """Each write may hold a web thread for its DNS look-up: a client's second write
+    while the first is in flight gets 429 (Retry-After) at once — a burst of
+    parallel registrations would take the web threads from every other client —
+    while another client's write goes through; the slot is free again when the
+    request ends, however it ends."""
+    from payments.webhook_transport import resolve as resolve_ip
+
+    fake_dns["example.test"] = [PUBLIC_IP]
+    seen = {}
+
+    def resolve(host, port):
+        if host == "slow.example.test" and not seen:  # alice's first write, in its look-up
+            seen["alice"] = alice.api.post(
+                "/api/v1/webhook-endpoints",
+                {"url": "https://example.test/second", "event_types": ["payment.failed"]},
+                format="json",
+            )
+            seen["bob"] = bob.api.post(
+                "/api/v1/webhook-endpoints",
+                {"url": "https://example.test/bob", "event_types": ["payment.failed"]},
+                format="json",
+            )
+            host = "example.test"
+        return resolve_ip(host, port)
+
+    monkeypatch.setattr(webhook_transport, "resolve", resolve)
+    eid = register(alice, "https://slow.example.test/first")["webhook_endpoint_id"]
+    body = error(seen["alice"], 429, "throttled")
+    assert "in progress" in body["message"] and int(seen["alice"]["Retry-After"]) >= 1
+    assert seen["bob"].status_code == 201
+    patched = alice.api.patch(
+        f"/api/v1/webhook-endpoints/{eid}", {"is_active": False}, format="json"
+    )
+    assert patched.status_code == 200  # the slot was given back
+    monkeypatch.setattr(webhooks, "endpoint_create", lambda **kw: 1 / 0)
+    crashed = alice.api.post(
+        "/api/v1/webhook-endpoints",
+        {"url": "https://example.test/c", "event_types": ["payment.failed"]},
+        format="json",
+    )
+    error(crashed, 500, "internal_error")
+    patched = alice.api.patch(
+        f"/api/v1/webhook-endpoints/{eid}", {"is_active": True}, format="json"
+    )
+    assert patched.status_code == 200  # given back after the 500 too
+    assert WebhookEndpoint.objects.filter(client=alice.user).count() == 1
+
+
+def test_the_one_at_a_time_slot_lets_requests_through_when_the_cache_is_down(monkeypatch):
+    from django.core.cache import caches
+    from redis.exceptions import ConnectionError as RedisDown
+
+    from payments.api.auth import OneAtATime
+
+    slot = OneAtATime("test", seconds=5)
+    token = slot.acquire(7)
+    assert token and slot.acquire(7) is None and slot.acquire(8)  # per client
+    slot.release(7, "someone else's")  # not the holder's token: nothing freed
+    assert slot.acquire(7) is None
+    slot.release(7, token)
+    again = slot.acquire(7)
+    assert again
+    slot.release(7, again)
+
+    def down(*args, **kwargs):
+        raise RedisDown("cache down")
+
+    monkeypatch.setattr(caches["default"], "add", down)
+    assert slot.acquire(7) == ""  # allowed, nothing held
+    slot.release(7, "")
 
 
 def test_signed_delivery_the_receiver_can_verify(alice, receiver):
