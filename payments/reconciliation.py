@@ -1,14 +1,17 @@
 """Payment checks added to ``reconcile_ledger`` (DESIGN §3, invariant 3):
 every COMPLETED payment has exactly one journal entry — its own
-``payment:<id>`` — and no other payment has one."""
+``payment:<id>`` — and no other payment has one; a payment's hold is active
+while the payment may still run (PENDING, QUEUED) and only then."""
 
 from django.db.models import OuterRef, Subquery, Value
 from django.db.models.functions import Coalesce
 
-from ledger.models import JournalEntry
+from ledger.models import HoldStatus, JournalEntry
 from ledger.reconciliation import Check, CheckResult, Mismatch, Progress, register_check
 
 from .models import Payment, PaymentStatus
+
+OPEN = (PaymentStatus.PENDING, PaymentStatus.QUEUED)
 
 PREFIX = "payment:"
 
@@ -70,5 +73,50 @@ register_check(
         "every COMPLETED payment has exactly one journal entry (payment:<id>); no other has one",
         lambda: Payment.objects.filter(status=PaymentStatus.COMPLETED).count(),
         _check,
+    )
+)
+
+
+def _check_holds(result: CheckResult, progress: Progress) -> None:
+    """An active hold on a finished payment keeps its amount out of the payer's
+    available funds for ever (nothing releases a COMPLETED, FAILED or
+    CANCELLED payment's hold); an open payment without an active hold cannot
+    run (the executor fails it). ``accounts_consistent`` cannot see either:
+    ``held`` still equals the sum of active holds."""
+    finished = (
+        Payment.objects.filter(hold__status=HoldStatus.ACTIVE)
+        .exclude(status__in=OPEN)
+        .values_list("pk", "status", "hold_id")
+    )
+    for pid, status, hold_id in finished.iterator():
+        result.add(
+            Mismatch(
+                f"payment {pid}: {status} but its hold {hold_id} is still active",
+                {"payment_id": str(pid), "status": status, "hold_id": hold_id},
+            )
+        )
+    open_rows = (
+        Payment.objects.filter(status__in=OPEN)
+        .values_list("pk", "status", "hold_id", "hold__status")
+        .order_by()
+    )
+    for pid, status, hold_id, hold_status in open_rows.iterator(chunk_size=5_000):
+        result.rows_checked += 1
+        if hold_status != HoldStatus.ACTIVE:
+            result.add(
+                Mismatch(
+                    f"payment {pid}: {status} but its hold is {hold_status or 'missing'}",
+                    {"payment_id": str(pid), "status": status, "hold_id": hold_id},
+                )
+            )
+    progress.advance(result.rows_checked)
+
+
+register_check(
+    Check(
+        "payments_holds",
+        "a payment's hold is active while it is PENDING or QUEUED, and only then",
+        lambda: Payment.objects.filter(status__in=OPEN).count(),
+        _check_holds,
     )
 )

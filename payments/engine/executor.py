@@ -402,8 +402,11 @@ def _run(due, now, worker, result, attempts, events, lock_accounts_last) -> Ledg
                 # that, the payment COMPLETED with that entry. (Once a sibling
                 # of the ``LedgerError`` branch, it skipped the completion and
                 # left the payment QUEUED without a lease, out of the reaper's
-                # reach.)
+                # reach.) Its hold is not captured by this attempt: released
+                # here if still active, or it held the amount for ever (a
+                # COMPLETED payment is out of every release's reach).
                 entry = JournalEntry.objects.get(reference=payment.reference)
+                transitions.release_hold(payment, batch)
         except LedgerError as exc:
             transitions.release_hold(payment, batch)
             events.append(

@@ -157,3 +157,42 @@ def test_reconcile_payment_check_reports_progress_in_chunks_of_5000(alice):
     start = recorder.calls.index(("start", "payments_exactly_once", 5_001))
     end = recorder.calls.index(("finish",), start)
     assert recorder.calls[start + 1 : end] == [("advance", 5_000), ("advance", 1)]
+
+
+def _holds_check() -> dict:
+    return next(c for c in reconcile().as_dict()["checks"] if c["name"] == "payments_holds")
+
+
+def test_reconcile_reports_a_hold_left_active_on_a_finished_payment(alice, monkeypatch):
+    """The executor once completed a payment whose entry was already posted and left
+    its hold active: the amount held for ever, and every ledger check passed (held
+    still equalled the sum of active holds)."""
+    from ledger.models import Hold
+
+    done, cancelled, _pending = schedule(alice, 3)
+    alice.api.post(f"/api/v1/payments/{cancelled}/cancel")
+    make_due(done)
+    _, published = sweep(monkeypatch)
+    executor.execute_chunk(published.items())
+    check = _holds_check()
+    assert check["ok"] and check["rows_checked"] == 1  # the pending one
+    for pid in (done, cancelled):
+        Hold.objects.filter(pk=Payment.objects.get(pk=pid).hold_id).update(status="active")
+    check = _holds_check()
+    assert not check["ok"]
+    assert sorted(m["payment_id"] for m in check["mismatches"]) == sorted([done, cancelled])
+    assert {m["status"] for m in check["mismatches"]} == {"COMPLETED", "CANCELLED"}
+
+
+def test_reconcile_reports_an_open_payment_without_an_active_hold(alice):
+    pending, other = schedule(alice, 2)
+    from ledger.models import Hold
+
+    Hold.objects.filter(pk=Payment.objects.get(pk=pending).hold_id).update(status="released")
+    Payment.objects.filter(pk=other).update(hold=None)
+    check = _holds_check()
+    assert not check["ok"] and check["rows_checked"] == 2
+    assert sorted(m["message"].split(": ")[1] for m in check["mismatches"]) == [
+        "PENDING but its hold is missing",
+        "PENDING but its hold is released",
+    ]

@@ -301,6 +301,11 @@ def test_entry_posted_before_is_recorded_not_posted_again(alice, monkeypatch):
     assert balance(alice.other_account) == 80
     assert PaymentAttempt.objects.get(payment_id=pid).outcome == "succeeded"
     assert events(pid)[-1][:3] == ("executed", "QUEUED", "COMPLETED")
+    # the payment's hold is not left active: it held 80 of alice's for ever (a
+    # reviewer's finding; no cancel, reaper or executor reaches a COMPLETED payment)
+    assert Hold.objects.get(pk=payment.hold_id).status == "released"
+    source = Account.objects.get(pk=alice.account.pk)
+    assert (source.balance, source.held) == (10_000 - 80, 0)
 
 
 CHUNK_STATEMENTS = [
