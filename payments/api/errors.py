@@ -13,7 +13,7 @@ import logging
 import sys
 
 from django.conf import settings
-from django.core.exceptions import PermissionDenied, RequestDataTooBig
+from django.core.exceptions import PermissionDenied, RequestDataTooBig, SuspiciousOperation
 from django.db import InterfaceError, OperationalError
 from django.http import Http404, HttpResponse, JsonResponse
 from django.views.defaults import bad_request, page_not_found, permission_denied, server_error
@@ -224,6 +224,13 @@ def exception_handler(exc, context):
         return Response(
             too_large_body(settings.DATA_UPLOAD_MAX_MEMORY_SIZE),
             status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+        )
+    if isinstance(exc, SuspiciousOperation):
+        # Django refusing the request itself, read inside the view: more than
+        # DATA_UPLOAD_MAX_NUMBER_FIELDS fields in the query string (DRF reads it
+        # for ``?format=`` before authentication) — a 400, as Django gives outside DRF.
+        return Response(
+            error_body("validation_error", "Bad request."), status=status.HTTP_400_BAD_REQUEST
         )
     return _internal_error(context)
 

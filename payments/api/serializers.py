@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC
 
 from django.conf import settings
 from django.utils.dateparse import parse_datetime
@@ -40,11 +41,18 @@ class StrictIntegerField(serializers.IntegerField):
 
 
 class AwareDateTimeField(serializers.DateTimeField):
-    """ISO-8601 with a UTC offset; a naive time would be ambiguous."""
+    """ISO-8601 with a UTC offset; a naive time would be ambiguous.
+
+    The instant is returned in UTC: Python accepts offsets up to ±23:59:59.999999,
+    PostgreSQL's text input only up to ±15:59:59 with no fractions, and a time
+    kept with the client's ``+23:59`` failed at its save (a 500 on PATCH and the
+    recurring writes, while a schedule's binary insert took it).
+    """
 
     default_error_messages = {
         "naive": "Include a UTC offset, e.g. 2030-01-01T09:00:00Z.",
         "invalid": "An ISO-8601 date-time with a UTC offset is required.",
+        "range": "The date-time is outside the supported range (years 1 to 9999 in UTC).",
     }
 
     def to_internal_value(self, value):
@@ -58,7 +66,10 @@ class AwareDateTimeField(serializers.DateTimeField):
             self.fail("invalid")
         if parsed.tzinfo is None:
             self.fail("naive")
-        return parsed
+        try:
+            return parsed.astimezone(UTC)
+        except OverflowError:  # year 1 at +14:00, year 9999 at -05:00
+            self.fail("range")
 
 
 class DelaySecondsField(StrictIntegerField):
