@@ -91,7 +91,7 @@ from ledger.db import (
     transaction_time_bound,
     write_rows,
 )
-from ledger.exceptions import DuplicateReference, LedgerError, StaleAccounts
+from ledger.exceptions import AccountNotActive, DuplicateReference, LedgerError, StaleAccounts
 from ledger.models import JournalEntry
 from ledger.services import LedgerBatch, locking_accounts_last
 
@@ -106,6 +106,24 @@ def worker_name() -> str:
     constant was computed in the Celery parent before it forked its pool, so every
     attempt named the parent's pid."""
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def payer_message(payment: Payment, exc: LedgerError, batch: LedgerBatch) -> str:
+    """The failure as the payer may read it (``error_message``, attempts).
+
+    Scheduling answers alike for another client's frozen, closed or unknown
+    account (``rules.payable_destination``), so the outcome must not say which
+    either: "Account 7 is frozen." becomes "Account 7 is not active." when the
+    account is not the payer's own (the code, ``account_not_active``, is the
+    reason the payment failed and stays).
+    """
+    if isinstance(exc, AccountNotActive):
+        accounts = batch.accounts or {}
+        account = accounts.get(exc.details.get("account_id"))
+        source = accounts.get(payment.from_account_id)
+        if account is None or source is None or account.owner_id != source.owner_id:
+            return f"Account {exc.details.get('account_id')} is not active."
+    return exc.message
 
 
 @dataclass
@@ -409,13 +427,12 @@ def _run(due, now, worker, result, attempts, events, lock_accounts_last) -> Ledg
                 transitions.release_hold(payment, batch)
         except LedgerError as exc:
             transitions.release_hold(payment, batch)
+            message = payer_message(payment, exc, batch)
             events.append(
-                transitions.fail(
-                    payment, code=exc.code, message=exc.message, now=now, worker=worker
-                )
+                transitions.fail(payment, code=exc.code, message=message, now=now, worker=worker)
             )
             attempt.outcome = AttemptOutcome.FAILED
-            attempt.error_code, attempt.error_message = exc.code, exc.message[:255]
+            attempt.error_code, attempt.error_message = exc.code, message[:255]
             result.failed.append(pid)
             result.failure_codes.append(exc.code)
             entry = None

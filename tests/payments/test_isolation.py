@@ -160,3 +160,35 @@ def test_a_system_account_is_not_a_source(alice):
     error(system, 404, "not_found")
     assert _answer(system, issuance.pk) == _answer(missing, unknown)
     assert snapshot() == before and Hold.objects.count() == 0
+
+
+def _run_due(monkeypatch, *payment_ids):
+    from payments.engine import executor
+    from tests.payments.helpers import make_due, sweep
+
+    make_due(*payment_ids)
+    _, published = sweep(monkeypatch)
+    executor.execute_chunk(published.items())
+
+
+@pytest.mark.parametrize("status", ["frozen", "closed"])
+def test_a_failed_payment_does_not_tell_another_clients_account_status(
+    alice, bob, monkeypatch, status
+):
+    """Scheduling answers alike for another client's frozen, closed or unknown
+    account; the outcome of a payment whose destination was frozen (or closed)
+    after scheduling said "Account 7 is frozen." to the payer (a reviewer's
+    finding). The payer's own account's status is theirs to know."""
+    to_bob = alice.schedule(to_account_id=bob.account.pk).json()["payment_id"]
+    to_own = alice.schedule().json()["payment_id"]
+    # (a funded account cannot be closed through the service: written directly)
+    Account.objects.filter(pk__in=[bob.account.pk, alice.other_account.pk]).update(status=status)
+    _run_due(monkeypatch, to_bob, to_own)
+    for path in ("", "/attempts", "/events"):
+        body = alice.api.get(f"/api/v1/payments/{to_bob}{path}").content.decode()
+        assert status not in body, (path, body)
+    failed = alice.api.get(f"/api/v1/payments/{to_bob}").json()
+    assert (failed["status"], failed["error_code"]) == ("FAILED", "account_not_active")
+    assert failed["error_message"] == f"Account {bob.account.pk} is not active."
+    own = alice.api.get(f"/api/v1/payments/{to_own}").json()
+    assert own["error_message"] == f"Account {alice.other_account.pk} is {status}."

@@ -173,7 +173,7 @@ def test_completed_payment_records(chunk, alice):
 def test_failed_payment_records(chunk, alice, bob):
     executor.execute_chunk(chunk["items"], worker=WORKER)
     payment = Payment.objects.get(pk=chunk["bad"])
-    message = f"Account {bob.account.pk} is frozen."
+    message = f"Account {bob.account.pk} is not active."  # bob's: its status is not told
     assert (payment.status, payment.error_code, payment.error_message) == (
         "FAILED",
         "account_not_active",
