@@ -15,7 +15,7 @@ from ..selectors import id_desc_page, newest_first_page
 from . import serializers as s
 from .auth import OneAtATime, WebhookEndpointWriteThrottle
 from .schema import api_operation
-from .views import idempotent, parse, parse_uuid
+from .views import idempotent, parse, parse_query, parse_uuid
 
 
 def _flatten(data: dict) -> dict:
@@ -44,7 +44,7 @@ class RecurringCollectionView(APIView):
         errors={400: ["validation_error"]},
     )
     def get(self, request):
-        query = parse(s.RecurringListQuery, request.query_params.dict())
+        query = parse_query(s.RecurringListQuery, request)
         qs = RecurringPayment.objects.filter(from_account__owner=request.user)
         if query.get("status"):
             qs = qs.filter(status=query["status"])
@@ -158,7 +158,7 @@ class RecurringOccurrencesView(APIView):
     )
     def get(self, request, recurring_id):
         schedule = _owned(request, recurring_id)
-        query = parse(s.StatementQuery, request.query_params.dict())
+        query = parse_query(s.StatementQuery, request)
         rows, next_cursor = id_desc_page(
             RecurringOccurrence.objects.filter(recurring=schedule).select_related("payment"),
             cursor=query.get("cursor"),

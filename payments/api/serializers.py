@@ -232,8 +232,9 @@ class CancelOutput(serializers.Serializer):
 
 
 # Kept in the database and shown to staff, never to clients: which host and
-# process ran an attempt (``executor.worker_name``) is the service's inside.
-INTERNAL_EVENT_DATA = frozenset({"worker"})
+# process ran an attempt (``executor.worker_name``) and the operator's id of an
+# execute-now trigger are the service's inside.
+INTERNAL_EVENT_DATA = frozenset({"worker", "execution_id"})
 
 
 class ClientEventData(serializers.DictField):

@@ -120,6 +120,14 @@ def parse(serializer_class, data):
     return serializer.validated_data
 
 
+def parse_query(serializer_class, request):
+    """The query string's parameters, validated. One given empty (``?status=&limit=``,
+    as an HTML form or a URL template sends it) is the same as one left out; a
+    parameter given twice counts with its last value (Django's ``QueryDict``)."""
+    given = {k: v for k, v in request.query_params.dict().items() if v != ""}
+    return parse(serializer_class, given)
+
+
 def parse_uuid(raw: str, label: str, **details: object) -> uuid.UUID:
     """An id from the URL; one that is not a UUID is a 404 like an unknown one."""
     try:
@@ -157,7 +165,7 @@ class PaymentCollectionView(PaymentScheduleView):
         errors={400: ["validation_error"]},
     )
     def get(self, request):
-        query = parse(s.ListQuery, request.query_params.dict())
+        query = parse_query(s.ListQuery, request)
         payments, next_cursor = selectors.payment_list(client=request.user, **query)
         return Response(
             {"payments": [s.payment_data(p) for p in payments], "next_cursor": next_cursor}
@@ -322,7 +330,7 @@ class AccountTransactionsView(APIView):
     )
     def get(self, request, account_id: int):
         account = owned_account(request, account_id)
-        query = parse(s.StatementQuery, request.query_params.dict())
+        query = parse_query(s.StatementQuery, request)
         before = None
         if query.get("cursor"):
             before = selectors.decode_id_cursor(query["cursor"])

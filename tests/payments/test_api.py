@@ -577,6 +577,32 @@ def test_the_history_a_client_reads_names_no_host_or_process(alice, monkeypatch)
     assert PaymentEvent.objects.filter(payment_id=payment_id, data__worker="db-host-7:4242")
 
 
+def test_an_execute_now_triggers_id_is_not_shown_to_the_client(alice):
+    from payments.services import payment_execute_now
+
+    payment_id = alice.schedule().json()["payment_id"]
+    make_due(payment_id)
+    payment_execute_now(payment_id=payment_id, execution_id="ops-run-8812")
+    assert PaymentEvent.objects.filter(payment_id=payment_id, data__execution_id="ops-run-8812")
+    for path in ("events", "attempts"):
+        body = alice.api.get(f"/api/v1/payments/{payment_id}/{path}").content.decode()
+        assert "ops-run-8812" not in body and "execution_id" not in body
+
+
+def test_empty_query_parameters_are_the_same_as_none(alice):
+    """``?account_id=&status=&limit=&cursor=`` (a form or a URL template) lists as if
+    nothing were given, on every list path (it was a 400)."""
+    alice.schedule()
+    empty = "account_id=&status=&limit=&cursor="
+    for path in ("/api/v1/payments", f"/api/v1/accounts/{alice.account.pk}/transactions"):
+        plain = alice.api.get(path)
+        given = alice.api.get(f"{path}?{empty}" if "payments" in path else f"{path}?limit=&cursor=")
+        assert (plain.status_code, given.status_code) == (200, 200), given.content
+        assert given.json() == plain.json()
+    assert alice.api.get("/api/v1/recurring-payments?limit=&cursor=").status_code == 200
+    error(alice.api.get("/api/v1/payments?limit=x"), 400, "validation_error")  # still checked
+
+
 @pytest.mark.parametrize("body", ["[]", "0", "false", '""', '"x"', "[{}]"])
 def test_a_cancel_body_that_is_not_an_object_is_refused(alice, body):
     """A cancel's body is an object or nothing: ``[]``, ``0`` or ``false`` were taken
