@@ -307,9 +307,13 @@ def claim_due(*, limit: int, lookahead: float) -> list[Claimed]:
 def claim_now(payment: Payment, *, now: datetime, execution_id: str) -> int:
     """PENDING/QUEUED → QUEUED for the operator's execute-now trigger; returns the new fence.
 
-    The lease is already over (``now``): if the execution that follows dies,
-    the reaper takes the payment back at once. Caller holds the row lock and
-    has checked that it is due.
+    Leased for ``PAYMENT_LEASE_SECONDS`` like a sweeper's claim: the execution
+    follows in a transaction of its own, and a lease already over (it was
+    ``now``) let the reaper take the payment back between the two — the
+    execute-now answered PENDING without running it, or, on its last attempt,
+    dead-lettered it untried. If the execution dies, the reaper takes the
+    payment back when the lease ends. Caller holds the row lock and has checked
+    that it is due.
     """
     if payment.status not in OPEN_STATUSES:
         raise PaymentNotModifiable(
@@ -320,7 +324,7 @@ def claim_now(payment: Payment, *, now: datetime, execution_id: str) -> int:
     payment.status = PaymentStatus.QUEUED
     payment.fence += 1
     payment.attempts += 1
-    payment.lease_expires_at = now
+    payment.lease_expires_at = now + timedelta(seconds=settings.PAYMENT_LEASE_SECONDS)
     payment.save(update_fields=["status", "fence", "attempts", "lease_expires_at"])
     event(
         payment,

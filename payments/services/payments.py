@@ -270,9 +270,10 @@ def payment_retry_dead_letter(*, payment_id: uuid.UUID, staff_user: AbstractBase
 def payment_execute_now(*, payment_id: uuid.UUID, execution_id: str) -> Payment:
     """Operator trigger: claim a due open payment and execute it at once.
 
-    Idempotent per ``execution_id`` (and harmless otherwise: a payment that is
-    already terminal is returned as it is). A payment not yet due is left
-    alone (``payment_not_due``): nothing runs before its time.
+    Harmless to repeat: a payment already terminal is returned as it is, and
+    one claimed again meanwhile runs once (the fence; ``execution_id`` is
+    recorded in the ``queued`` event, not looked up). A payment not yet due is
+    left alone (``payment_not_due``): nothing runs before its time.
     """
     with transaction.atomic():
         payment = locks.lock_payment(payment_id, None)

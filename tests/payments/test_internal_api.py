@@ -37,3 +37,46 @@ def test_internal_execute_endpoint(alice, settings, monkeypatch):
     assert again.status_code == 200 and again.json()["status"] == "COMPLETED"
     assert JournalEntry.objects.filter(reference=f"payment:{pid}").count() == 1
     assert balances(alice) == [9_960, 40]
+
+
+def _reaper_runs_before_the_executor_locks(monkeypatch):
+    """A beat tick of the lease reaper between execute-now's claim (committed) and
+    its execution (a transaction of its own)."""
+    from payments.engine import executor, reaper
+
+    real = executor.execute_chunk
+
+    def reaped_first(items, **kwargs):
+        reaper.reap_leases()
+        return real(items, **kwargs)
+
+    monkeypatch.setattr(executor, "execute_chunk", reaped_first)
+
+
+def test_execute_now_is_not_undone_by_the_reaper_in_its_window(alice, monkeypatch):
+    """The claim's lease was already over: the reaper put the payment back to PENDING
+    (new fence) and the execution found it stale — 200 PENDING, nothing run (a
+    reviewer's finding)."""
+    from payments import services
+
+    (pid,) = schedule(alice, amount=40)
+    make_due(pid)
+    _reaper_runs_before_the_executor_locks(monkeypatch)
+    payment = services.payment_execute_now(payment_id=pid, execution_id="op-1")
+    assert payment.status == "COMPLETED", (payment.status, payment.error_code)
+    assert JournalEntry.objects.filter(reference=f"payment:{pid}").count() == 1
+
+
+def test_execute_now_of_a_payment_on_its_last_attempt_runs_it(alice, monkeypatch, settings):
+    """On its last attempt the reaper dead-lettered it untried: FAILED
+    max_attempts_exceeded, "Not executed after 5 attempts."."""
+    from payments import services
+    from payments.models import Payment
+
+    (pid,) = schedule(alice, amount=40)
+    make_due(pid)
+    Payment.objects.filter(pk=pid).update(attempts=settings.PAYMENT_MAX_ATTEMPTS - 1)
+    _reaper_runs_before_the_executor_locks(monkeypatch)
+    payment = services.payment_execute_now(payment_id=pid, execution_id="op-2")
+    assert (payment.status, payment.error_code) == ("COMPLETED", "")
+    assert JournalEntry.objects.filter(reference=f"payment:{pid}").count() == 1
