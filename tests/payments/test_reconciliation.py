@@ -123,14 +123,17 @@ def test_reconcile_names_a_completed_payment_whose_entry_is_not_its_own(alice, m
     }
 
 
-def test_reconcile_payment_check_reports_progress_in_chunks_of_5000(alice):
+@pytest.mark.parametrize(("count", "advances"), [(5_001, [5_000, 1]), (5_000, [5_000, 0])])
+def test_reconcile_payment_check_reports_progress_in_chunks_of_5000(alice, count, advances):
     """5,001 COMPLETED payments: one chunk of 5,000 advanced inside the loop, once
-    5,000 rows are checked (not before), and the one left over after it."""
+    5,000 rows are checked (not before), and the one left over after it; 5,000:
+    the chunk inside the loop at the 5,000th row (a chunk at row 5,001 gave the
+    same calls for 5,001 rows)."""
     from tests.ledger.test_reconcile import Recorder
 
     now = timezone.now()
     with transaction.atomic():  # entries without postings: rolled back before any COMMIT
-        pids = [uuid.uuid4() for _ in range(5_001)]
+        pids = [uuid.uuid4() for _ in range(count)]
         entries = JournalEntry.objects.bulk_create(
             JournalEntry(kind="transfer", reference=f"payment:{pid}") for pid in pids
         )
@@ -153,10 +156,14 @@ def test_reconcile_payment_check_reports_progress_in_chunks_of_5000(alice):
         recorder = Recorder()
         found = _payment_check(recorder)
         transaction.set_rollback(True)
-    assert (found["ok"], found["rows_checked"]) == (True, 5_001)
-    start = recorder.calls.index(("start", "payments_exactly_once", 5_001))
+    assert (found["ok"], found["rows_checked"]) == (True, count)
+    start = recorder.calls.index(("start", "payments_exactly_once", count))
     end = recorder.calls.index(("finish",), start)
-    assert recorder.calls[start + 1 : end] == [("advance", 5_000), ("advance", 1)]
+    assert recorder.calls[start + 1 : end] == [("advance", n) for n in advances]
+
+
+def by_payment(mismatch: dict) -> str:
+    return mismatch["payment_id"]
 
 
 def _holds_check() -> dict:
@@ -176,12 +183,21 @@ def test_reconcile_reports_a_hold_left_active_on_a_finished_payment(alice, monke
     executor.execute_chunk(published.items())
     check = _holds_check()
     assert check["ok"] and check["rows_checked"] == 1  # the pending one
-    for pid in (done, cancelled):
-        Hold.objects.filter(pk=Payment.objects.get(pk=pid).hold_id).update(status="active")
+    expected = []
+    for pid, status in ((done, "COMPLETED"), (cancelled, "CANCELLED")):
+        hold_id = Payment.objects.get(pk=pid).hold_id
+        Hold.objects.filter(pk=hold_id).update(status="active")
+        expected.append(
+            {
+                "message": f"payment {pid}: {status} but its hold {hold_id} is still active",
+                "payment_id": pid,
+                "status": status,
+                "hold_id": hold_id,
+            }
+        )
     check = _holds_check()
     assert not check["ok"]
-    assert sorted(m["payment_id"] for m in check["mismatches"]) == sorted([done, cancelled])
-    assert {m["status"] for m in check["mismatches"]} == {"COMPLETED", "CANCELLED"}
+    assert sorted(check["mismatches"], key=by_payment) == sorted(expected, key=by_payment)
 
 
 def test_reconcile_reports_an_open_payment_without_an_active_hold(alice):
@@ -189,10 +205,22 @@ def test_reconcile_reports_an_open_payment_without_an_active_hold(alice):
     from ledger.models import Hold
 
     Hold.objects.filter(pk=Payment.objects.get(pk=pending).hold_id).update(status="released")
+    released = Payment.objects.get(pk=pending).hold_id
     Payment.objects.filter(pk=other).update(hold=None)
     check = _holds_check()
     assert not check["ok"] and check["rows_checked"] == 2
-    assert sorted(m["message"].split(": ")[1] for m in check["mismatches"]) == [
-        "PENDING but its hold is missing",
-        "PENDING but its hold is released",
+    expected = [
+        {
+            "message": f"payment {pending}: PENDING but its hold is released",
+            "payment_id": pending,
+            "status": "PENDING",
+            "hold_id": released,
+        },
+        {
+            "message": f"payment {other}: PENDING but its hold is missing",
+            "payment_id": other,
+            "status": "PENDING",
+            "hold_id": None,
+        },
     ]
+    assert sorted(check["mismatches"], key=by_payment) == sorted(expected, key=by_payment)
