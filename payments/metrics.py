@@ -85,6 +85,21 @@ stale_account_reads = Counter(
 )
 
 
+def record_reap(result) -> None:
+    """A lease-reaper run's counts (the beat task and ``manage.py reap_leases``
+    alike). A dead letter is a failed payment too: ``payments_failed_total``
+    counted only the executor's failures, so the failure-rate alert read 0 %
+    while every payment of a partition dead-lettered."""
+    from .models import DEAD_LETTER_CODE  # this module is imported before the app registry
+
+    reaped.labels(outcome="requeued").inc(result.requeued)
+    reaped.labels(outcome="dead_lettered").inc(result.dead_lettered)
+    reaped.labels(outcome="error").inc(result.errors)
+    failed.labels(error_code=DEAD_LETTER_CODE).inc(result.dead_lettered)
+    if result.budget_exhausted:
+        reaper_budget_exhausted.inc()
+
+
 def record_chunk(result) -> None:
     executed.inc(len(result.completed))
     for code in result.failure_codes:

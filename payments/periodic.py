@@ -7,6 +7,7 @@ queue, keeps the enabled flag staff may have changed).
 
 from __future__ import annotations
 
+from django.db import transaction
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
 from . import routing
@@ -46,19 +47,28 @@ def install_periodic_tasks(interval_model=None, task_model=None) -> list[str]:
     if interval_model is None or task_model is None:
         interval_model, task_model = IntervalSchedule, PeriodicTask
     installed = []
-    for name, task, every, expires, queue in PERIODIC_TASKS:
-        interval, _ = interval_model.objects.get_or_create(every=every, period="seconds")
-        task_model.objects.update_or_create(
-            name=name,
-            defaults={
-                "task": task,
-                "interval": interval,
-                "queue": queue,
-                "expire_seconds": expires,
-            },
-        )
-        installed.append(name)
+    with transaction.atomic():  # all of the beat's schedule or none of it
+        for name, task, every, expires, queue in PERIODIC_TASKS:
+            _install(interval_model, task_model, name, task, every, expires, queue)
+            installed.append(name)
     return installed
+
+
+def _install(interval_model, task_model, name, task, every, expires, queue) -> None:
+    # IntervalSchedule has no unique (every, period): staff may add a second
+    # "every 5 seconds" in the admin, and get_or_create then raised
+    # MultipleObjectsReturned half-way through (django-celery-beat copes the same way)
+    same = interval_model.objects.filter(every=every, period="seconds").order_by("pk")
+    interval = same.first() or interval_model.objects.create(every=every, period="seconds")
+    task_model.objects.update_or_create(
+        name=name,
+        defaults={
+            "task": task,
+            "interval": interval,
+            "queue": queue,
+            "expire_seconds": expires,
+        },
+    )
 
 
 def install_from_migration(apps, schema_editor) -> None:

@@ -261,11 +261,7 @@ def sweep() -> dict:
 @shared_task(name="payments.reap_leases", ignore_result=True, acks_late=False)
 def reap_leases() -> dict:
     result = reaper.reap_leases()
-    metrics.reaped.labels(outcome="requeued").inc(result.requeued)
-    metrics.reaped.labels(outcome="dead_lettered").inc(result.dead_lettered)
-    metrics.reaped.labels(outcome="error").inc(result.errors)
-    if result.budget_exhausted:
-        metrics.reaper_budget_exhausted.inc()
+    metrics.record_reap(result)
     return {
         "requeued": result.requeued,
         "dead_lettered": result.dead_lettered,

@@ -73,3 +73,27 @@ def test_periodic_tasks_installed_by_migration():
     }
     assert queues["payments.materialize_recurring"] == "recurring"
     assert queues["payments.retry_webhooks"] == "webhooks"
+
+
+@pytest.mark.django_db
+def test_install_periodic_tasks_survives_a_duplicate_interval_made_in_the_admin():
+    """IntervalSchedule has no unique (every, period): a second "every 5 seconds" made
+    in the admin raised MultipleObjectsReturned half-way through, the tasks before
+    it reset and the rest not (a reviewer's finding)."""
+    import io
+
+    from django.core.management import call_command
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+    from payments.periodic import PERIODIC_TASKS
+
+    first = IntervalSchedule.objects.filter(every=5, period="seconds").order_by("pk").first()
+    IntervalSchedule.objects.create(every=5, period="seconds")
+    PeriodicTask.objects.filter(name__startswith="payments:").update(queue="x")
+    call_command("install_periodic_tasks", stdout=io.StringIO())
+    for name, task, every, expires, queue in PERIODIC_TASKS:
+        row = PeriodicTask.objects.get(name=name)
+        assert (row.task, row.interval.every, row.interval.period) == (task, every, "seconds")
+        assert (row.queue, row.expire_seconds) == (queue, expires)
+    reaper = PeriodicTask.objects.get(name="payments: reap expired leases")
+    assert first is None or reaper.interval == first  # the oldest of the two

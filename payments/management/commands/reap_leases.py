@@ -5,6 +5,7 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
+from payments import metrics
 from payments.engine.reaper import reap_leases
 
 
@@ -16,6 +17,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         result = reap_leases()
+        metrics.record_reap(result)  # the same counters as the beat's runs
         if options["json"]:
             self.stdout.write(json.dumps(dataclasses.asdict(result)))
         else:
