@@ -27,6 +27,12 @@ class AccountNotFound(LedgerError):
     code = "account_not_found"
 
 
+class AmountOverLimit(LedgerError):
+    """More than the source account's ``max_payment_amount`` (staff set it per account)."""
+
+    code = "amount_over_limit"
+
+
 class AccountNotActive(LedgerError):
     """The account is frozen or closed."""
 

@@ -42,12 +42,12 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, transaction
 from django.db.models import Q
 
-from ledger.exceptions import AccountNotActive, LedgerError
+from ledger.exceptions import AccountNotActive, AmountOverLimit, LedgerError
 from ledger.models import Account, AccountStatus
 from ledger.services import LedgerBatch
 
 from .. import locks, metrics, transitions, webhooks
-from ..calendar import jitter_for, spec_of
+from ..calendar import jitter_for, spec_of, upcoming
 from ..calendar import occurrences as occurrence_times
 from ..clock import db_now, iso_timestamp
 from ..models import (
@@ -288,6 +288,12 @@ def _used_up(schedule: RecurringPayment) -> bool:
     )
 
 
+def _has_more(schedule: RecurringPayment, instant: datetime) -> bool:
+    """Whether the schedule has an occurrence after ``instant`` (its end and
+    ``max_occurrences`` counted)."""
+    return not _used_up(schedule) and bool(upcoming(spec_of(schedule), after=instant, count=1))
+
+
 def _run_occurrence(schedule: RecurringPayment, instant: datetime, due_at: datetime):
     """Hold + payment for one occurrence, or a failed occurrence; caller holds the schedule lock."""
     events = []
@@ -296,8 +302,19 @@ def _run_occurrence(schedule: RecurringPayment, instant: datetime, due_at: datet
             target = Account.objects.filter(pk=schedule.to_account_id).only("status").first()
             if target is None or target.status != AccountStatus.ACTIVE:
                 raise AccountNotActive(f"Account {schedule.to_account_id} is not active.")
+            batch = LedgerBatch(account_ids=[schedule.from_account_id])
+            source = batch.accounts[schedule.from_account_id]
+            if schedule.amount > source.max_payment_amount:
+                # the limit as it is now, like a one-off payment created now
+                # (checked at create and PATCH only, a lowered limit was never applied)
+                raise AmountOverLimit(
+                    f"Amount {schedule.amount} is over account {source.pk}'s "
+                    f"max_payment_amount ({source.max_payment_amount}).",
+                    account_id=source.pk,
+                    max_payment_amount=source.max_payment_amount,
+                )
             payment = transitions.schedule(
-                LedgerBatch(account_ids=[schedule.from_account_id]),
+                batch,
                 from_account_id=schedule.from_account_id,
                 to_account_id=schedule.to_account_id,
                 amount=schedule.amount,
@@ -321,7 +338,11 @@ def _run_occurrence(schedule: RecurringPayment, instant: datetime, due_at: datet
             "consecutive_failures": schedule.consecutive_failures,
         }
         events.append(("recurring.occurrence_failed", data))
-        if schedule.consecutive_failures >= schedule.max_consecutive_failures:
+        if schedule.consecutive_failures >= schedule.max_consecutive_failures and _has_more(
+            schedule, instant
+        ):
+            # (the last occurrence it had failing ends it instead: paused, it
+            # waited for a resume that could only end it, in the client's quota)
             transitions.set_schedule_status(
                 schedule,
                 RecurringStatus.PAUSED,

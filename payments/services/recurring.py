@@ -177,10 +177,44 @@ def recurring_update(*, schedule_id, client, **changes) -> RecurringPayment:
         )
         if "amount" in changes:
             check_amount(schedule.amount, Account.objects.get(pk=schedule.from_account_id))
+        if schedule.max_occurrences is not None and schedule.max_occurrences < (
+            schedule.occurrences_run
+        ):
+            raise _invalid(
+                "max_occurrences",
+                f"{schedule.occurrences_run} occurrences have already run or been scheduled; "
+                "max_occurrences cannot be lower.",
+            )
         transitions.advance_schedule(schedule)
         schedule.updated_at = db_now()
         schedule.save()
+        if schedule.end_time is not None:
+            # an occurrence already materialised (a PENDING payment with its hold)
+            # for an instant past the new end must not take money
+            _cancel_open_occurrences(
+                schedule,
+                client,
+                after=schedule.end_time,
+                reason="after the recurring schedule's end_time",
+            )
     return schedule
+
+
+def _cancel_open_occurrences(schedule, client, *, after=None, reason: str) -> None:
+    """Cancel the schedule's materialised occurrences not yet executed (PENDING or
+    QUEUED; those past ``after`` only) and release their holds. One executed
+    meanwhile was due, and is done: it is left as it is."""
+    open_payments = Payment.objects.filter(recurring=schedule, status__in=OPEN_STATUSES)
+    if after is not None:
+        open_payments = open_payments.filter(occurrence__scheduled_for__gt=after)
+    for payment_id in open_payments.values_list("pk", flat=True):
+        with contextlib.suppress(PaymentNotCancellable):
+            payment_cancel(
+                payment_id=payment_id,
+                client=client,
+                actor=Actor.CLIENT if client is not None else Actor.STAFF,
+                reason=reason,
+            )
 
 
 def recurring_set_status(*, schedule_id, client, action: str) -> RecurringPayment:
@@ -214,22 +248,21 @@ def recurring_set_status(*, schedule_id, client, action: str) -> RecurringPaymen
             # the same rule as every other move: no occurrence left (its end
             # passed while it was paused) ends it, instead of leaving it active
             # with nothing to run and counting against the client's quota
-            transitions.advance_schedule(schedule)
+            try:
+                transitions.advance_schedule(schedule)
+            except InvalidSchedule:
+                # parked for data no longer valid (a time zone tzdata dropped):
+                # nothing can run it again, and a 500 told the client nothing
+                raise RecurringNotChangeable(
+                    f"Recurring payment {schedule_id} cannot run again "
+                    f"({schedule.status_reason or 'its schedule is no longer valid'}); "
+                    "cancel it and create a new one.",
+                    status=RecurringStatus.PAUSED,
+                ) from None
         if action == "cancel":
             schedule.next_run_at = None
         schedule.updated_at = now
         schedule.save()
         if action == "cancel":
-            open_ids = Payment.objects.filter(
-                recurring=schedule, status__in=OPEN_STATUSES
-            ).values_list("pk", flat=True)
-            for payment_id in open_ids:
-                # one executed meanwhile was due, and is done: leave it
-                with contextlib.suppress(PaymentNotCancellable):
-                    payment_cancel(
-                        payment_id=payment_id,
-                        client=client,
-                        actor=Actor.CLIENT if client is not None else Actor.STAFF,
-                        reason="recurring schedule cancelled",
-                    )
+            _cancel_open_occurrences(schedule, client, reason="recurring schedule cancelled")
     return schedule

@@ -450,3 +450,151 @@ def test_an_occurrence_says_what_became_of_its_payment(alice, monkeypatch):
         ("failed", "FAILED"),
         ("cancelled", "CANCELLED"),
     ]
+
+
+# --- a reviewer's findings: ending, limits and parked schedules ------------------------
+
+
+def one_materialised(client, **fields):
+    """An hourly schedule that ran once an hour ago; its next occurrence (in 30 s)
+    is already materialised: a PENDING payment with its hold."""
+    now = timezone.now()
+    start = now - timedelta(hours=1) + timedelta(seconds=30)
+    schedule = make_schedule(
+        client.account.pk,
+        client.other_account.pk,
+        start=start,
+        amount=100,
+        last_occurrence_at=start,
+        next_run_at=start + timedelta(hours=1),
+        occurrences_run=1,
+        **fields,
+    )
+    assert materializer.materialize_due().scheduled == 1
+    (payment,) = Payment.objects.filter(recurring=schedule)
+    assert payment.status == "PENDING"
+    return schedule, payment, start + timedelta(hours=1)
+
+
+def test_moving_end_time_before_a_materialised_occurrence_cancels_its_payment(alice):
+    """The schedule answered `ended` while the occurrence past its new end stayed
+    PENDING with its hold, and would have paid."""
+    schedule, payment, occurrence_at = one_materialised(alice)
+    held = Account.objects.get(pk=alice.account.pk).held
+    new_end = occurrence_at - timedelta(seconds=20)
+    response = alice.api.patch(
+        f"/api/v1/recurring-payments/{schedule.pk}",
+        {"end_time": new_end.isoformat()},
+        format="json",
+    )
+    assert response.status_code == 200, response.content
+    assert response.json()["status"] == "ended"
+    payment.refresh_from_db()
+    assert payment.status == "CANCELLED"
+    assert Account.objects.get(pk=alice.account.pk).held == held - 100
+    event = payment.events.order_by("pk").last()
+    assert event.type == "cancelled" and "end_time" in event.data["reason"]
+
+
+def test_an_end_time_after_the_materialised_occurrence_leaves_it(alice):
+    schedule, payment, occurrence_at = one_materialised(alice)
+    response = alice.api.patch(
+        f"/api/v1/recurring-payments/{schedule.pk}",
+        {"end_time": (occurrence_at + timedelta(minutes=5)).isoformat()},
+        format="json",
+    )
+    assert response.status_code == 200, response.content
+    payment.refresh_from_db()
+    assert payment.status == "PENDING"
+
+
+def test_max_occurrences_cannot_go_below_what_ran_or_is_scheduled(alice):
+    schedule, payment, _ = one_materialised(alice)
+    response = alice.api.patch(
+        f"/api/v1/recurring-payments/{schedule.pk}", {"max_occurrences": 1}, format="json"
+    )
+    body = error(response, 400, "validation_error")
+    assert "max_occurrences" in body["details"]["fields"]
+    schedule.refresh_from_db()
+    assert (schedule.status, schedule.max_occurrences) == ("active", None)
+    payment.refresh_from_db()
+    assert payment.status == "PENDING"
+    ok = alice.api.patch(
+        f"/api/v1/recurring-payments/{schedule.pk}", {"max_occurrences": 2}, format="json"
+    )
+    assert ok.status_code == 200 and ok.json()["status"] == "ended"  # both counted
+    payment.refresh_from_db()
+    assert payment.status == "PENDING"  # within the limit: it runs
+
+
+def test_a_lowered_max_payment_amount_applies_to_the_next_occurrences(alice):
+    """Checked at create and PATCH only, a limit staff lowered afterwards never
+    applied to a schedule: each occurrence paid over it."""
+    schedule = make_schedule(
+        alice.account.pk,
+        alice.other_account.pk,
+        start=timezone.now() + timedelta(seconds=30),
+        amount=500,
+    )
+    Account.objects.filter(pk=alice.account.pk).update(max_payment_amount=100)
+    assert materializer.materialize_due().failed == 1
+    assert not Payment.objects.filter(recurring=schedule).exists()
+    occurrence = RecurringOccurrence.objects.get(recurring=schedule)
+    assert (occurrence.status, occurrence.reason) == ("failed", "amount_over_limit")
+    assert Account.objects.get(pk=alice.account.pk).held == 0
+
+
+def test_the_last_occurrence_failing_ends_the_schedule_not_pauses_it(settings):
+    """Paused, it waited for a resume that could only end it, and took a slot of the
+    client's quota meanwhile."""
+    from tests.factories import AccountFactory, UserFactory
+
+    settings.RECURRING_MATERIALIZE_AHEAD_SECONDS = 0
+    owner = UserFactory()
+    source = AccountFactory(owner=owner, funded=0).pk
+    target = AccountFactory(owner=owner).pk
+    start = timezone.now() - timedelta(seconds=70)  # -70 s (missed), -10 s
+    schedule = make_schedule(
+        source,
+        target,
+        start=start,
+        every=60,
+        missed_run_policy="run_all",
+        max_occurrences=2,
+        max_consecutive_failures=2,
+    )
+    materializer.materialize_one(schedule.pk)
+    assert RecurringOccurrence.objects.filter(recurring=schedule, status="failed").count() == 2
+    schedule.refresh_from_db()
+    assert (schedule.status, schedule.occurrences_run, schedule.next_run_at) == ("ended", 2, None)
+    # with an occurrence left, the same failures still pause it
+    again = make_schedule(
+        source,
+        target,
+        start=start,
+        every=60,
+        missed_run_policy="run_all",
+        max_occurrences=3,
+        max_consecutive_failures=2,
+    )
+    materializer.materialize_one(again.pk)
+    again.refresh_from_db()
+    assert again.status == "paused"
+
+
+def test_resuming_a_schedule_parked_for_a_zone_no_longer_known_is_a_409(alice):
+    """tzdata drops zones (US/Pacific-New, 2020b): the materialiser parks such a
+    schedule; its resume raised InvalidSchedule, a 500."""
+    schedule = make_schedule(
+        alice.account.pk, alice.other_account.pk, start=timezone.now() + timedelta(seconds=30)
+    )
+    RecurringPayment.objects.filter(pk=schedule.pk).update(
+        cron="0 9 * * *", interval_seconds=None, timezone="US/Pacific-New"
+    )
+    assert materializer.materialize_due().paused_on_error == 1
+    response = alice.api.post(f"/api/v1/recurring-payments/{schedule.pk}/resume")
+    body = error(response, 409, "recurring_not_modifiable")
+    assert "cancel it" in body["message"]
+    schedule.refresh_from_db()
+    assert schedule.status == "paused"
+    assert alice.api.post(f"/api/v1/recurring-payments/{schedule.pk}/cancel").status_code == 200
