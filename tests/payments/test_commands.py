@@ -67,3 +67,56 @@ def test_seed_demo_is_idempotent(settings, tmp_path):
     settings.DEBUG = False
     with pytest.raises(CommandError, match="password"):
         call_command("seed_demo", stdout=StringIO())
+
+
+def test_seed_demo_interrupted_between_account_and_deposit_is_completed_by_a_rerun(
+    settings, tmp_path, monkeypatch
+):
+    """The account and its deposit committed separately: a run that died between
+    them left "Demo savings" at 0 and every later run skipped it (a reviewer's
+    finding)."""
+    from django.db import OperationalError
+
+    from ledger import services as ledger_services
+
+    settings.DEBUG = True
+    settings.VAR_DIR = tmp_path
+    real_deposit = ledger_services.deposit
+    calls = []
+
+    def deposit_dies_the_second_time(**kwargs):
+        calls.append(kwargs)
+        if len(calls) == 2:
+            raise OperationalError("server closed the connection unexpectedly")
+        return real_deposit(**kwargs)
+
+    monkeypatch.setattr(ledger_services, "deposit", deposit_dies_the_second_time)
+    with pytest.raises(OperationalError):
+        call_command("seed_demo", stdout=StringIO())
+    monkeypatch.setattr(ledger_services, "deposit", real_deposit)
+    call_command("seed_demo", stdout=StringIO())
+    call_command("seed_demo", stdout=StringIO())  # and no second deposit
+    balances = dict(Account.objects.filter(owner__username="demo").values_list("name", "balance"))
+    assert balances == {"Demo checking": 100_000, "Demo savings": 50_000}
+
+
+def test_seed_demo_prints_a_login_that_works_and_no_real_password(settings, tmp_path):
+    """It printed the password given now, though an existing user's is never reset
+    (a second run with another --password printed a login that failed), and it
+    echoed a real --password to the terminal."""
+    from django.contrib.auth import get_user_model
+
+    settings.DEBUG = False
+    settings.VAR_DIR = tmp_path
+    first = StringIO()
+    call_command("seed_demo", "--password", "first-pass-7", stdout=first)
+    assert "first-pass-7" not in first.getvalue()
+    assert "login demo / the --password given" in first.getvalue()
+    second = StringIO()
+    call_command("seed_demo", "--password", "second-pass-9", stdout=second)
+    assert "second-pass-9" not in second.getvalue()
+    assert "login demo, its password unchanged" in second.getvalue()
+    assert get_user_model().objects.get(username="demo").check_password("first-pass-7")
+    again = StringIO()
+    call_command("seed_demo", "--password", "first-pass-7", stdout=again)
+    assert "login demo / the --password given" in again.getvalue()

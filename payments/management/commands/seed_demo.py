@@ -1,7 +1,10 @@
 """``manage.py seed_demo``: a demo login and funded accounts for a local run.
 
 Idempotent: running it again changes nothing and prints the same directions,
-the same token included. Tokens are stored hashed, so the demo token's plain
+the same token included; a run that died half-way is completed by the next
+(each account with its deposit in one transaction, a missing deposit made).
+An existing user's password is never changed, and the password given with
+``--password`` is not printed. Tokens are stored hashed, so the demo token's plain
 text is kept in ``VAR_DIR/demo-token`` (mode 0600, next to the SQLite file that
 holds the demo data anyway); a restart of ``scripts/dev`` prints it again
 instead of revoking it. If that file is gone or its token was revoked, the
@@ -19,7 +22,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
 from ledger import services as ledger
-from ledger.models import Account
+from ledger.models import Account, JournalEntry
 from payments.models import ApiToken, ApiTokenVia
 from payments.tokens import api_token_issue, api_tokens_revoke, hash_token
 
@@ -66,19 +69,33 @@ class Command(BaseCommand):
                 user.save(update_fields=["password"])
         ledger.issuance_account()
         for name, amount in DEMO_ACCOUNTS:
-            account = Account.objects.filter(owner=user, name=name).first()
-            if account is None:
-                account = ledger.account_create(owner=user, name=name)
-                ledger.deposit(
-                    account_id=account.pk,
-                    amount=amount,
-                    reference=f"seed_demo:{account.pk}",
-                    description="Demo funds",
-                )
+            # the account and its funds in one transaction, and funded whenever
+            # its deposit is missing: a run that died between the two left the
+            # account at 0 and every later run skipped it ("idempotent")
+            with transaction.atomic():
+                account = Account.objects.filter(owner=user, name=name).first()
+                if account is None:
+                    account = ledger.account_create(owner=user, name=name)
+                reference = f"seed_demo:{account.pk}"
+                if not JournalEntry.objects.filter(reference=reference).exists():
+                    ledger.deposit(
+                        account_id=account.pk,
+                        amount=amount,
+                        reference=reference,
+                        description="Demo funds",
+                    )
         token = demo_token(user, Path(settings.VAR_DIR) / "demo-token")
         accounts = list(Account.objects.filter(owner=user).order_by("pk"))
         base = options["base_url"].rstrip("/")
-        self.stdout.write(f"Admin:    {base}/admin/   (login {username} / {password})")
+        # a login that works: an existing user's password is never reset, so it
+        # is told only if it is the one this run knows
+        if not (created or user.check_password(password)):
+            login = f"login {username}, its password unchanged"
+        elif options["password"] is None:
+            login = f"login {username} / {password}"  # the documented DEBUG-only demo login
+        else:  # not echoed: it may be a real one
+            login = f"login {username} / the --password given"
+        self.stdout.write(f"Admin:    {base}/admin/   ({login})")
         self.stdout.write(f"API docs: {base}/api/docs/")
         for account in accounts:
             self.stdout.write(f"Account:  #{account.pk} {account.name}: balance {account.balance}")
