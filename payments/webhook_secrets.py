@@ -4,7 +4,9 @@ The plaintext exists in memory twice only: when ``endpoint_create`` returns it
 to the client (once) and when a delivery is signed. Keys come from
 ``WEBHOOK_SECRET_KEYS`` (``MultiFernet``: the first encrypts, every one
 decrypts, so keys can be rotated); without it one key is derived from
-``SECRET_KEY`` with HKDF-SHA256, which ties the secrets to that key.
+``SECRET_KEY`` with HKDF-SHA256. The derived keys (of ``SECRET_KEY`` and of
+``SECRET_KEY_FALLBACKS``) always decrypt, after the configured ones, so
+either move can be completed with ``rotate_webhook_secrets``.
 """
 
 from __future__ import annotations
@@ -29,9 +31,20 @@ def _derived_key(secret_key: str) -> bytes:
 
 
 def _fernet() -> MultiFernet:
-    keys = [k.strip() for k in settings.WEBHOOK_SECRET_KEYS if k.strip()]
-    if not keys:
-        keys = [_derived_key(settings.SECRET_KEY)]
+    """The configured keys, then the keys derived from ``SECRET_KEY`` and each of
+    ``SECRET_KEY_FALLBACKS``. ``MultiFernet`` encrypts with the first only: the
+    derived keys after configured ones only decrypt, so moving from the
+    derived key to a dedicated one (or rotating ``SECRET_KEY`` with the old one
+    in ``SECRET_KEY_FALLBACKS``) keeps every stored secret readable until
+    ``rotate_webhook_secrets`` has re-encrypted it — without them, setting the
+    first dedicated key made every secret unreadable and the rotation could
+    re-encrypt none."""
+    configured = [k.strip() for k in settings.WEBHOOK_SECRET_KEYS if k.strip()]
+    derived = [
+        _derived_key(secret)
+        for secret in [settings.SECRET_KEY, *getattr(settings, "SECRET_KEY_FALLBACKS", [])]
+    ]
+    keys = list(dict.fromkeys([*(k.encode() for k in configured), *derived]))
     return MultiFernet([Fernet(k) for k in keys])
 
 

@@ -923,6 +923,35 @@ def test_secret_keys_rotate(alice, receiver, settings):
     assert webhooks.verify(secret, headers["Webhook-Timestamp"], body, headers["Webhook-Signature"])
 
 
+@pytest.mark.parametrize("move", ["to a dedicated key", "SECRET_KEY rotated"])
+def test_moving_off_the_derived_key_keeps_every_secret(alice, receiver, settings, move):
+    """With WEBHOOK_SECRET_KEYS empty the key is derived from SECRET_KEY; setting the
+    first dedicated key (as the README asks for production), or rotating SECRET_KEY
+    with the old one in SECRET_KEY_FALLBACKS, made every stored secret unreadable
+    and rotate_webhook_secrets could re-encrypt none (a reviewer's finding). The
+    derived keys always decrypt, so the rotation completes the move."""
+    from cryptography.fernet import Fernet
+
+    from payments import webhook_secrets
+
+    settings.WEBHOOK_SECRET_KEYS = []
+    secret = register(alice, receiver.url)["secret"]
+    if move == "to a dedicated key":
+        settings.WEBHOOK_SECRET_KEYS = [Fernet.generate_key().decode()]
+    else:
+        settings.SECRET_KEY_FALLBACKS = [settings.SECRET_KEY]
+        settings.SECRET_KEY = "a-new-secret-key-" + "x" * 40
+    assert webhook_secrets.decrypt(WebhookEndpoint.objects.get().secret_ciphertext) == secret
+    call_command("rotate_webhook_secrets", stdout=io.StringIO())
+    settings.SECRET_KEY_FALLBACKS = []  # the old SECRET_KEY gone: rewritten under the new key
+    ciphertext = WebhookEndpoint.objects.get().secret_ciphertext
+    assert webhook_secrets.decrypt(ciphertext) == secret
+    if move == "to a dedicated key":  # encrypted with the dedicated key, not the derived one
+        assert Fernet(settings.WEBHOOK_SECRET_KEYS[0]).decrypt(ciphertext.encode()).decode() == (
+            secret
+        )
+
+
 def test_one_unreadable_secret_does_not_stop_the_rotation_of_the_others(
     alice, bob, receiver, settings
 ):
