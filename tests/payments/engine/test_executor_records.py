@@ -595,9 +595,10 @@ def test_execute_now_returns_a_terminal_payment_as_it_is(alice):
     assert JournalEntry.objects.filter(reference=f"payment:{done}").count() == 1
 
 
-def test_execute_now_claim_survives_a_crashed_executor(alice, monkeypatch):
-    """The claim commits before the chunk runs, with a lease that is already over:
-    if the executor dies, the next reaper run gives the payment back at once."""
+def test_execute_now_claim_survives_a_crashed_executor(alice, monkeypatch, settings):
+    """The claim commits before the chunk runs, leased like a sweeper's claim (an
+    execute-now's lease already over let the reaper take the payment back while
+    it ran): if the executor dies, the reaper gives it back when the lease ends."""
     (pid,) = schedule(alice)
     make_due(pid)
 
@@ -609,6 +610,10 @@ def test_execute_now_claim_survives_a_crashed_executor(alice, monkeypatch):
         services.payment_execute_now(payment_id=pid, execution_id="op-9")
     payment = Payment.objects.get(pk=pid)
     assert (payment.status, payment.fence, payment.attempts) == ("QUEUED", 1, 1)
-    assert payment.lease_expires_at <= timezone.now()
+    lease = payment.lease_expires_at - timezone.now()
+    assert timedelta(seconds=settings.PAYMENT_LEASE_SECONDS - 5) < lease
+    assert lease <= timedelta(seconds=settings.PAYMENT_LEASE_SECONDS)
+    assert reaper.reap_leases().requeued == 0  # still leased: it may be running
+    Payment.objects.filter(pk=pid).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
     assert reaper.reap_leases().requeued == 1
     assert Payment.objects.get(pk=pid).status == "PENDING"
