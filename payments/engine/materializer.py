@@ -349,7 +349,11 @@ def _run_occurrence(schedule: RecurringPayment, instant: datetime, due_at: datet
                 reason=f"Paused after {schedule.consecutive_failures} consecutive failed "
                 f"occurrences (last: {exc.code}).",
             )
-            events.append(("recurring.paused", {**data, "reason": "too many consecutive failures"}))
+            paused = {
+                "reason": "too many consecutive failures",
+                "status_reason": schedule.status_reason,
+            }
+            events.append(("recurring.paused", {**data, **paused}))
             logger.warning(
                 "recurring %s paused after %s failures", schedule.pk, schedule.consecutive_failures
             )

@@ -459,6 +459,11 @@ def test_occurrence_failed_and_paused_events(alice, receiver, settings):
         "recurring.occurrence_failed",
         "recurring.paused",
     ]
+    # the paused event says why, as a schedule parked after an error does
+    paused = WebhookDelivery.objects.get(event_type="recurring.paused").payload["data"]
+    schedule = RecurringPayment.objects.get()
+    assert paused["status_reason"] == schedule.status_reason != ""
+    assert paused["reason"] == "too many consecutive failures"
 
 
 # --- circuit breaker -----------------------------------------------------------------
