@@ -554,32 +554,26 @@ def test_the_last_occurrence_failing_ends_the_schedule_not_pauses_it(settings):
     source = AccountFactory(owner=owner, funded=0).pk
     target = AccountFactory(owner=owner).pk
     start = timezone.now() - timedelta(seconds=70)  # -70 s (missed), -10 s
-    schedule = make_schedule(
-        source,
-        target,
-        start=start,
-        every=60,
-        missed_run_policy="run_all",
-        max_occurrences=2,
-        max_consecutive_failures=2,
-    )
-    materializer.materialize_one(schedule.pk)
+
+    def failing(max_occurrences):
+        schedule = make_schedule(
+            source,
+            target,
+            start=start,
+            every=60,
+            missed_run_policy="run_all",
+            max_occurrences=max_occurrences,
+            max_consecutive_failures=2,
+        )
+        materializer.materialize_one(schedule.pk)
+        schedule.refresh_from_db()
+        return schedule
+
+    schedule = failing(max_occurrences=2)
     assert RecurringOccurrence.objects.filter(recurring=schedule, status="failed").count() == 2
-    schedule.refresh_from_db()
     assert (schedule.status, schedule.occurrences_run, schedule.next_run_at) == ("ended", 2, None)
     # with an occurrence left, the same failures still pause it
-    again = make_schedule(
-        source,
-        target,
-        start=start,
-        every=60,
-        missed_run_policy="run_all",
-        max_occurrences=3,
-        max_consecutive_failures=2,
-    )
-    materializer.materialize_one(again.pk)
-    again.refresh_from_db()
-    assert again.status == "paused"
+    assert failing(max_occurrences=3).status == "paused"
 
 
 def test_resuming_a_schedule_parked_for_a_zone_no_longer_known_is_a_409(alice):
