@@ -308,6 +308,33 @@ def test_entry_posted_before_is_recorded_not_posted_again(alice, monkeypatch):
     assert (source.balance, source.held) == (10_000 - 80, 0)
 
 
+@pytest.mark.parametrize("accounts_locked", ["last", "first"])
+def test_an_entry_posted_before_releases_its_hold_in_the_chunks_own_batch(
+    alice, monkeypatch, accounts_locked
+):
+    """The release joins the chunk's batch: a release of its own wrote ``held`` at
+    once, and a batch that locks accounts first (the re-run after StaleAccounts)
+    then wrote back the value it read, the release undone — with another payment
+    of the same source in the chunk, 80 stayed held for ever."""
+    from ledger.reconciliation import reconcile
+
+    posted, other = schedule(alice, 2, amount=80)
+    items = claimed(monkeypatch, posted, other)
+    ledger.transfer_post(
+        from_account_id=alice.account.pk,
+        to_account_id=alice.other_account.pk,
+        amount=80,
+        reference=f"payment:{posted}",
+    )
+    if accounts_locked == "first":
+        monkeypatch.setattr(executor, "locking_accounts_last", lambda work, **kw: work(False))
+    result = executor.execute_chunk(items, worker=WORKER)
+    assert sorted(result.completed) == sorted([posted, other])
+    source = Account.objects.get(pk=alice.account.pk)
+    assert (source.balance, source.held) == (10_000 - 160, 0)
+    assert reconcile().ok
+
+
 CHUNK_STATEMENTS = [
     # one statement (ledger.db.set_local): batch UPDATEs by key, not a hash
     # of the table (random_page_cost), and the batch's time limit (the solo
