@@ -9,9 +9,7 @@ from django.db.models.functions import Coalesce
 from ledger.models import HoldStatus, JournalEntry
 from ledger.reconciliation import Check, CheckResult, Mismatch, Progress, register_check
 
-from .models import Payment, PaymentStatus
-
-OPEN = (PaymentStatus.PENDING, PaymentStatus.QUEUED)
+from .models import OPEN_STATUSES, Payment, PaymentStatus
 
 PREFIX = "payment:"
 
@@ -85,7 +83,7 @@ def _check_holds(result: CheckResult, progress: Progress) -> None:
     ``held`` still equals the sum of active holds."""
     finished = (
         Payment.objects.filter(hold__status=HoldStatus.ACTIVE)
-        .exclude(status__in=OPEN)
+        .exclude(status__in=OPEN_STATUSES)
         .values_list("pk", "status", "hold_id")
     )
     for pid, status, hold_id in finished.iterator():
@@ -96,7 +94,7 @@ def _check_holds(result: CheckResult, progress: Progress) -> None:
             )
         )
     open_rows = (
-        Payment.objects.filter(status__in=OPEN)
+        Payment.objects.filter(status__in=OPEN_STATUSES)
         .values_list("pk", "status", "hold_id", "hold__status")
         .order_by()
     )
@@ -116,7 +114,7 @@ register_check(
     Check(
         "payments_holds",
         "a payment's hold is active while it is PENDING or QUEUED, and only then",
-        lambda: Payment.objects.filter(status__in=OPEN).count(),
+        lambda: Payment.objects.filter(status__in=OPEN_STATUSES).count(),
         _check_holds,
     )
 )

@@ -12,6 +12,7 @@ either move can be completed with ``rotate_webhook_secrets``.
 from __future__ import annotations
 
 import base64
+import functools
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from cryptography.hazmat.primitives import hashes
@@ -23,6 +24,7 @@ __all__ = ["InvalidToken", "decrypt", "encrypt", "reencrypt"]
 _HKDF_INFO = b"delayed-payment-scheduler webhook-secret-encryption v1"
 
 
+@functools.lru_cache(maxsize=8)  # every delivery decrypts: derive each key once
 def _derived_key(secret_key: str) -> bytes:
     raw = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_HKDF_INFO).derive(
         secret_key.encode()

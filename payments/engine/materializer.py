@@ -199,26 +199,28 @@ def materialize_one(schedule_id, result: MaterializeResult | None = None) -> Mat
     """
     result = result or MaterializeResult()
     left = settings.RECURRING_MAX_OCCURRENCES_PER_RUN
-    counted = False
     while left > 0:
-        handled, more = _materialize_piece(schedule_id, result, left, counted=counted)
-        counted = counted or handled > 0
+        piece = _materialize_piece(schedule_id, result, left)
+        if piece is None:
+            break  # another materialiser has it, or it is no longer active
+        if left == settings.RECURRING_MAX_OCCURRENCES_PER_RUN:
+            result.schedules += 1  # its first piece: the schedule was handled
+        handled, more = piece
         left -= handled
         if not (more and handled):
             break
     return result
 
 
-def _materialize_piece(
-    schedule_id, result: MaterializeResult, cap: int, *, counted: bool
-) -> tuple[int, bool]:
+def _materialize_piece(schedule_id, result: MaterializeResult, cap: int) -> tuple[int, bool] | None:
     """One transaction of ``materialize_one``: at most ``cap`` instants, of which at
     most ``RECURRING_OCCURRENCES_PER_TRANSACTION`` run. Returns the instants
-    handled and whether occurrences to run were left for another piece."""
+    handled and whether occurrences to run were left for another piece; None
+    when the schedule could not be locked."""
     with transaction.atomic():
         schedule = locks.lock_active_schedule(schedule_id, skip_locked=True)
         if schedule is None:
-            return 0, False  # another materialiser has it, or it is no longer active
+            return None
         now = db_now()
         horizon = now + timedelta(seconds=settings.RECURRING_MATERIALIZE_AHEAD_SECONDS)
         cutoff = now - timedelta(seconds=settings.RECURRING_MISSED_GRACE_SECONDS)
@@ -275,8 +277,6 @@ def _materialize_piece(
         owner = schedule.from_account.owner_id
         if owner is not None:
             webhooks.emit((owner, event_type, data) for event_type, data in events)
-        if not counted:
-            result.schedules += 1
     return len(occurrences), len(to_run) > piece
 
 

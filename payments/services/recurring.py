@@ -188,9 +188,10 @@ def recurring_update(*, schedule_id, client, **changes) -> RecurringPayment:
         transitions.advance_schedule(schedule)
         schedule.updated_at = db_now()
         schedule.save()
-        if schedule.end_time is not None:
+        if changes.get("end_time") is not None:
             # an occurrence already materialised (a PENDING payment with its hold)
-            # for an instant past the new end must not take money
+            # for an instant past the new end must not take money (an end not
+            # changed here was already respected when it was materialised)
             _cancel_open_occurrences(
                 schedule,
                 client,
