@@ -127,8 +127,9 @@ recurring_occurrences = Counter(
 )
 recurring_errors = Counter(
     "payments_recurring_errors_total",
-    "Recurring schedules the materialiser could not handle: paused (parked with a reason) "
-    "or retry (database error, left for the next run)",
+    "Recurring schedules the materialiser could not handle: paused (parked with a reason), "
+    "retry (database error, left for the next run) or dropped (a stopped schedule's "
+    "unrecorded occurrences that could not be read)",
     ["outcome"],
 )
 materialize_duration = Histogram(

@@ -527,6 +527,31 @@ class RecurringOccurrence(models.Model):
         return self.status
 
 
+class RecurringBacklog(models.Model):
+    """Occurrences a schedule left behind when it stopped: the instants in
+    (``after``, ``until``] that were due when it was paused or cancelled but
+    not yet handled — a catch-up after downtime still going (the materialiser
+    handles a bounded number of instants per run), or an occurrence still
+    inside the missed-run grace. None of them runs; the materialiser records
+    each ``skipped`` (reason ``paused`` or ``cancelled``), a bounded number per
+    run, moving ``after`` on and deleting the row when it reaches ``until``
+    (DESIGN §4.2: each missed occurrence is recorded, never dropped).
+
+    ``after`` None: from the schedule's start_time (nothing was handled yet).
+    """
+
+    recurring = models.ForeignKey(
+        RecurringPayment, on_delete=models.CASCADE, related_name="backlog"
+    )
+    after = models.DateTimeField(null=True, blank=True)
+    until = models.DateTimeField()
+    reason = models.CharField(max_length=64)
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    def __str__(self) -> str:
+        return f"{self.recurring_id} ({self.after}, {self.until}] {self.reason}"
+
+
 OCCURRENCE_OUTCOME_OF_PAYMENT = {
     PaymentStatus.COMPLETED: "completed",
     PaymentStatus.FAILED: "failed",

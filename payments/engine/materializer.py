@@ -50,9 +50,11 @@ from .. import locks, metrics, transitions, webhooks
 from ..calendar import jitter_for, spec_of, upcoming
 from ..calendar import occurrences as occurrence_times
 from ..clock import db_now, iso_timestamp
+from ..exceptions import InvalidSchedule
 from ..models import (
     Actor,
     OccurrenceStatus,
+    RecurringBacklog,
     RecurringOccurrence,
     RecurringPayment,
     RecurringStatus,
@@ -122,7 +124,98 @@ def materialize_due(
             if len(rows) < batch:
                 break
             after = rows[-1]
+    backlog = RecurringBacklog.objects.order_by("pk").values_list("pk", flat=True)
+    for backlog_id in list(backlog[:batch]):
+        if time.monotonic() - started >= budget:
+            result.budget_exhausted = True
+            break
+        _record_backlog_isolated(backlog_id, result)
     result.seconds = time.monotonic() - started
+    return result
+
+
+def set_aside_unrecorded(schedule: RecurringPayment, now: datetime, *, reason: str) -> None:
+    """A schedule stopping (paused or cancelled; the caller holds its row lock and
+    saves it): the instants up to ``now`` not yet handled — a catch-up after
+    downtime cut short, an occurrence still inside the missed-run grace — go to
+    a ``RecurringBacklog`` row that the materialiser records ``skipped``
+    (``reason``), and the cursor moves to ``now``. Without it a resume, which
+    starts again from now, dropped them without a trace. O(1) here: however
+    many there are, they are recorded a bounded number per run."""
+    cursor = schedule.last_occurrence_at
+    if cursor is not None and cursor >= now:
+        return
+    try:
+        first = next(occurrence_times(spec_of(schedule), after=cursor), None)
+    except InvalidSchedule:
+        return  # its calendar cannot be read (a time zone dropped): nothing to record
+    if first is None or first > now:
+        return
+    RecurringBacklog.objects.create(recurring=schedule, after=cursor, until=now, reason=reason)
+    schedule.last_occurrence_at = now
+
+
+def _record_backlog_isolated(backlog_id, result: MaterializeResult) -> None:
+    """``record_backlog``, with a failure kept to this row: a database error leaves
+    it for the next run; anything else (its calendar no longer readable) drops
+    the row with a log line, since no later run could read it either."""
+    try:
+        record_backlog(backlog_id, result)
+    except (OperationalError, InterfaceError):
+        result.retry_later += 1
+        metrics.recurring_errors.labels(outcome="retry").inc()
+        logger.warning("recurring backlog %s: database error, retried next run", backlog_id)
+    except Exception:
+        metrics.recurring_errors.labels(outcome="dropped").inc()
+        logger.exception("recurring backlog %s could not be recorded; dropped", backlog_id)
+        RecurringBacklog.objects.filter(pk=backlog_id).delete()
+
+
+def record_backlog(backlog_id, result: MaterializeResult | None = None) -> MaterializeResult:
+    """Record up to ``RECURRING_MAX_OCCURRENCES_PER_RUN`` of a backlog's instants
+    ``skipped``, in one transaction under the row's lock (``SKIP LOCKED``: two
+    materialisers never record the same ones); the row moves on, or goes once
+    it reaches ``until``."""
+    result = result or MaterializeResult()
+    with transaction.atomic():
+        row = (
+            RecurringBacklog.objects.select_for_update(skip_locked=True, of=("self",))
+            .select_related("recurring")
+            .filter(pk=backlog_id)
+            .first()
+        )
+        if row is None:
+            return result
+        instants = []
+        done = True
+        for instant in occurrence_times(spec_of(row.recurring), after=row.after):
+            if instant > row.until:
+                break
+            if len(instants) == settings.RECURRING_MAX_OCCURRENCES_PER_RUN:
+                done = False
+                break
+            instants.append(instant)
+        RecurringOccurrence.objects.bulk_create(
+            [
+                RecurringOccurrence(
+                    recurring=row.recurring,
+                    scheduled_for=instant,
+                    status=OccurrenceStatus.SKIPPED,
+                    reason=row.reason,
+                )
+                for instant in instants
+            ],
+            # a PATCHed dst_policy can name an instant the schedule had already handled
+            ignore_conflicts=True,
+        )
+        if instants:
+            metrics.recurring_occurrences.labels(status=OccurrenceStatus.SKIPPED).inc(len(instants))
+            result.skipped += len(instants)
+        if done:
+            row.delete()
+        else:
+            row.after = instants[-1]
+            row.save(update_fields=["after"])
     return result
 
 
@@ -166,7 +259,14 @@ def recurring_park(*, schedule_id, error: BaseException) -> None:
                 return
             transitions.set_schedule_status(schedule, RecurringStatus.PAUSED, reason=reason)
             schedule.updated_at = db_now()
-            schedule.save(update_fields=["status", "status_reason", "updated_at"])
+            try:
+                with transaction.atomic():  # its calendar may be what failed
+                    set_aside_unrecorded(schedule, schedule.updated_at, reason="paused")
+            except Exception:
+                logger.exception("recurring %s: occurrences left unrecorded", schedule_id)
+            schedule.save(
+                update_fields=["status", "status_reason", "updated_at", "last_occurrence_at"]
+            )
             owner = schedule.from_account.owner_id
             if owner is not None:
                 data = {
@@ -263,6 +363,8 @@ def _materialize_piece(schedule_id, result: MaterializeResult, cap: int) -> tupl
         if occurrences:
             RecurringOccurrence.objects.bulk_create(occurrences)
             schedule.last_occurrence_at = max(o.scheduled_for for o in occurrences)
+        if schedule.status == RecurringStatus.PAUSED:  # consecutive failures paused it
+            set_aside_unrecorded(schedule, now, reason="paused")
         for occurrence in occurrences:
             metrics.recurring_occurrences.labels(status=occurrence.status).inc()
             if occurrence.status == OccurrenceStatus.SCHEDULED:

@@ -21,6 +21,7 @@ from ledger.models import Account, AccountStatus
 from .. import locks, transitions
 from ..calendar import AMBIGUOUS_POLICIES, NONEXISTENT_POLICIES, planned, validate_cron, zone
 from ..clock import db_now
+from ..engine import materializer
 from ..exceptions import (
     InvalidRequest,
     InvalidSchedule,
@@ -221,6 +222,10 @@ def _cancel_open_occurrences(schedule, client, *, after=None, reason: str) -> No
 def recurring_set_status(*, schedule_id, client, action: str) -> RecurringPayment:
     """pause / resume / cancel. Resuming does not run what fell due while paused.
 
+    Occurrences already due when an active schedule is paused or cancelled but
+    not yet handled (a catch-up after downtime cut short) never run either:
+    they are recorded ``skipped`` by the materialiser (``set_aside_unrecorded``).
+
     Cancelling also cancels the occurrence already materialised (PENDING or
     QUEUED, at most the materialise-ahead window before it is due) and
     releases its hold: after a cancel no more money leaves on the schedule's
@@ -241,7 +246,12 @@ def recurring_set_status(*, schedule_id, client, action: str) -> RecurringPaymen
                 f"Cannot {action} a schedule that is {schedule.status}.", status=schedule.status
             )
         now = db_now()
+        was_active = schedule.status == RecurringStatus.ACTIVE
         transitions.set_schedule_status(schedule, target)
+        if was_active:  # pause, or cancel of an active one: what was due is recorded
+            materializer.set_aside_unrecorded(schedule, now, reason=str(target.value))
+        if action == "pause":
+            transitions.advance_schedule(schedule)  # the next instant after the cursor
         if action == "resume":
             schedule.consecutive_failures = 0
             if schedule.next_run_at is not None and schedule.next_run_at < now:

@@ -9,7 +9,7 @@ from django.utils import timezone
 from ledger.models import Account
 from payments.clock import iso_timestamp
 from payments.engine import executor, materializer
-from payments.models import Payment, RecurringOccurrence, RecurringPayment
+from payments.models import Payment, RecurringBacklog, RecurringOccurrence, RecurringPayment
 from tests.payments.helpers import make_schedule
 from tests.payments.test_api import error
 
@@ -352,6 +352,110 @@ def test_resume_does_not_run_what_fell_due_while_paused(alice, settings, policy)
     assert materializer.materialize_due().scheduled == 1
     (payment,) = Payment.objects.filter(recurring=schedule)
     assert payment.due_at == following
+
+
+def minutely_catch_up(client, settings, minutes=500, handled=200, **fields):
+    """A schedule of ``client`` that has missed ``minutes`` minutely occurrences
+    (the service was down) and whose catch-up has handled its first ``handled``."""
+    settings.RECURRING_MAX_OCCURRENCES_PER_RUN = 200
+    settings.RECURRING_MATERIALIZE_AHEAD_SECONDS = 0
+    start = timezone.now() - timedelta(minutes=minutes, seconds=30)
+    schedule = make_schedule(
+        client.account.pk, client.other_account.pk, start=start, every=60, **fields
+    )
+    materializer.materialize_one(schedule.pk)
+    assert RecurringOccurrence.objects.filter(recurring=schedule).count() == handled
+    return schedule, start
+
+
+def occurrence_rows(schedule):
+    return dict(
+        RecurringOccurrence.objects.filter(recurring=schedule).values_list(
+            "scheduled_for", "reason"
+        )
+    )
+
+
+def test_pausing_a_catch_up_records_the_missed_occurrences_it_had_not_reached(alice, settings):
+    """DESIGN §4.2: each missed occurrence is recorded. A pause during a catch-up
+    (200 instants a run) and a resume, which starts again from now, left the
+    300 missed minutes not yet reached without a trace; they are recorded
+    ``skipped`` (``paused``), none of them runs, and the paused gap itself is
+    not recorded (it did not run because the client paused, as before)."""
+    schedule, start = minutely_catch_up(alice, settings)
+    base = f"/api/v1/recurring-payments/{schedule.pk}"
+    assert alice.api.post(f"{base}/pause").status_code == 200
+    assert alice.api.post(f"{base}/resume").status_code == 200
+    for _ in range(5):
+        materializer.materialize_due()
+    rows = occurrence_rows(schedule)
+    missed = [start + timedelta(minutes=k) for k in range(501)]  # the 501st was 30 s ago
+    assert set(missed) <= set(rows)
+    assert [rows[t] for t in missed[:200]] == ["missed (skip)"] * 200
+    assert {rows[t] for t in missed[200:]} == {"paused"}
+    assert len(rows) == 501  # nothing past the pause
+    assert not Payment.objects.filter(recurring=schedule).exists()
+    assert not RecurringBacklog.objects.exists()
+
+
+def test_the_backlog_is_recorded_a_bounded_number_per_run_even_while_paused(alice, settings):
+    """However long the catch-up that a pause cut short, the pause itself is O(1)
+    and the materialiser records the rest 200 a run, paused or not."""
+    schedule, _ = minutely_catch_up(alice, settings)
+    assert alice.api.post(f"/api/v1/recurring-payments/{schedule.pk}/pause").status_code == 200
+    assert RecurringOccurrence.objects.filter(recurring=schedule).count() == 200
+    assert materializer.materialize_due().skipped == 200
+    assert RecurringOccurrence.objects.filter(recurring=schedule).count() == 400
+    assert materializer.materialize_due().skipped == 101
+    assert materializer.materialize_due().skipped == 0
+    assert len(occurrence_rows(schedule)) == 501
+    schedule.refresh_from_db()
+    assert schedule.status == "paused"
+
+
+def test_cancelling_a_catch_up_records_what_it_had_not_reached_but_not_a_paused_gap(
+    alice, settings
+):
+    schedule, _ = minutely_catch_up(alice, settings, minutes=300)
+    assert alice.api.post(f"/api/v1/recurring-payments/{schedule.pk}/cancel").status_code == 200
+    materializer.materialize_due()
+    rows = occurrence_rows(schedule)
+    assert len(rows) == 301 and list(rows.values()).count("cancelled") == 101
+    # paused (its cursor moves to the pause), then cancelled: nothing more to record
+    other, _ = minutely_catch_up(alice, settings, minutes=250)
+    for action in ("pause", "cancel"):
+        assert alice.api.post(f"/api/v1/recurring-payments/{other.pk}/{action}").status_code == 200
+    assert RecurringBacklog.objects.filter(recurring=other).count() == 1
+    materializer.materialize_due()
+    assert list(occurrence_rows(other).values()).count("paused") == 51
+    assert list(occurrence_rows(other).values()).count("cancelled") == 0
+
+
+def test_a_schedule_paused_by_its_failures_mid_catch_up_records_the_rest(alice, settings):
+    """The materialiser's own pause (too many consecutive failed occurrences)
+    cuts a catch-up short like the client's: the rest is recorded, not lost
+    to the resume."""
+    Account.objects.filter(pk=alice.account.pk).update(max_payment_amount=5)
+    schedule, _ = minutely_catch_up(
+        alice,
+        settings,
+        minutes=30,
+        missed_run_policy="run_all",
+        max_catch_up=20,
+        max_consecutive_failures=2,
+        amount=10,
+        handled=12,
+    )
+    schedule.refresh_from_db()
+    assert schedule.status == "paused"  # by its second failure: 10 skipped + 2 failed
+    materializer.materialize_due()
+    rows = occurrence_rows(schedule)
+    assert len(rows) == 31
+    assert list(rows.values()).count("amount_over_limit") == 2
+    assert list(rows.values()).count("paused") == 31 - 10 - 2
+    assert alice.api.post(f"/api/v1/recurring-payments/{schedule.pk}/resume").status_code == 200
+    materializer.materialize_due()
+    assert len(occurrence_rows(schedule)) == 31
 
 
 @pytest.mark.parametrize(("policy", "skipped", "caught_up"), [("skip", 3, 0), ("run_once", 2, 1)])

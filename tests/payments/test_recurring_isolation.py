@@ -146,6 +146,44 @@ def test_a_database_error_leaves_the_schedule_for_the_next_run(accounts, monkeyp
     assert materializer.materialize_due().scheduled == 1  # the next run handles it
 
 
+def test_a_parked_catch_up_records_the_rest_and_an_unreadable_backlog_stops_nothing(
+    alice, bob, monkeypatch, settings
+):
+    """A schedule parked mid catch-up leaves its unreached missed occurrences to
+    the backlog like a client's pause; a backlog whose calendar can no longer be
+    read (time zone dropped since) is dropped with a metric and a log line, and
+    the others in the same run are recorded."""
+    settings.RECURRING_MATERIALIZE_AHEAD_SECONDS = 0
+    start = timezone.now() - timedelta(minutes=40, seconds=30)
+    parked = make_schedule(
+        alice.account.pk, alice.other_account.pk, start=start, every=60, last_occurrence_at=start
+    )
+    unreadable = make_schedule(bob.account.pk, bob.other_account.pk, start=start, every=60)
+
+    def materialize_one(schedule_id, result=None):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(materializer, "materialize_one", materialize_one)
+    materializer.materialize_due()  # parks both; their backlogs are recorded in the same run
+    assert RecurringOccurrence.objects.filter(recurring=parked, reason="paused").count() == 40
+    assert RecurringOccurrence.objects.filter(recurring=unreadable, reason="paused").count() == 41
+    # again, with a backlog whose calendar breaks before the materialiser reaches it
+    for schedule in (parked, unreadable):
+        RecurringOccurrence.objects.filter(recurring=schedule).delete()
+        materializer.RecurringBacklog.objects.create(
+            recurring=schedule, after=None, until=timezone.now(), reason="paused"
+        )
+    RecurringPayment.objects.filter(pk=unreadable.pk).update(
+        cron="0 9 * * *", interval_seconds=None, timezone="Mars/Base"
+    )
+    dropped_before = counter(metrics.recurring_errors, outcome="dropped")
+    result = materializer.materialize_due()
+    assert result.skipped == 41
+    assert RecurringOccurrence.objects.filter(recurring=parked, reason="paused").count() == 41
+    assert counter(metrics.recurring_errors, outcome="dropped") == dropped_before + 1
+    assert not materializer.RecurringBacklog.objects.exists()
+
+
 class FakeClock:
     """monotonic() that advances one second per call: a run's time box, deterministically."""
 
