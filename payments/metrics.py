@@ -40,6 +40,10 @@ sweep_batch_size = Histogram(
     buckets=(1, 10, 50, 100, 250, 500, 1000, 2000, 5000),
 )
 sweep_runs = Counter("payments_sweep_runs_total", "Sweeper runs")
+claims_handed_back = Counter(
+    "payments_claims_handed_back_total",
+    "Claims handed back to PENDING because their message could not be published",
+)
 sweep_interval = Histogram(
     "payments_sweep_interval_seconds",
     "Seconds between the starts of consecutive sweeps in one timer process",

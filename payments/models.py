@@ -222,6 +222,7 @@ PAYMENT_EVENT_TYPES = (
     "amount_changed",
     "description_changed",
     "lease_expired",
+    "unqueued",
     "dead_lettered",
     "dead_letter_failed",
     "retried",

@@ -16,6 +16,7 @@ transition            from                  to          fence   event          w
 ``complete``          QUEUED, same fence    COMPLETED   =       executed       payment.completed
 ``fail``              QUEUED, same fence    FAILED      =       failed         payment.failed
 ``requeue_expired``   QUEUED, lease over    PENDING     +1      lease_expired  (none)
+``unclaim``           QUEUED, same fence    PENDING     +1      unqueued       (none)
 ``dead_letter``       QUEUED, lease over    FAILED      +1      dead_lettered  payment.failed
 ``cancel``            PENDING, QUEUED       CANCELLED   +1      cancelled      payment.cancelled
 ``reschedule``        PENDING, QUEUED       PENDING     +1 [1]  rescheduled    (none)
@@ -47,6 +48,7 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import connection
 from django.db.models import F
+from django.db.models.functions import Greatest
 
 from ledger.db import bulk_insert_rows
 from ledger.models import Account, HoldStatus, JournalEntry
@@ -398,6 +400,52 @@ def notify_outcomes(payments: Iterable[Payment], owner_of: dict[int, int | None]
         for p in payments
         if (owner := owner_of[p.from_account_id]) is not None
     )
+
+
+def unclaim(claims: list[Claimed]) -> int:
+    """Hand back claims whose message could not be published (the broker is
+    down): QUEUED with the claimed fence → PENDING, fence + 1, the claim's
+    attempt given back, run time unchanged; an ``unqueued`` event each.
+    Returns how many. Caller owns the transaction.
+
+    Without it each claim waited out its lease and the reaper counted the
+    lost message as a failed attempt: a broker outage of five leases
+    dead-lettered every due payment that no worker had ever tried. A claim
+    that moved on meanwhile (executed, cancelled, claimed again) is left as
+    it is, and one an executor holds is skipped (``SKIP LOCKED``) — it is
+    being run; the fence bump makes any message already sent for the others
+    a stale delivery."""
+    fences = {c.payment_id: c.fence for c in claims}
+    rows = (
+        Payment.objects.select_for_update(skip_locked=True, no_key=True)
+        .filter(pk__in=list(fences), status=PaymentStatus.QUEUED)
+        .order_by("pk")
+        .values_list("pk", "fence")
+    )
+    ids = [pk for pk, fence in rows if fences.get(str(pk)) == fence]
+    if not ids:
+        return 0
+    now = db_now()
+    Payment.objects.filter(pk__in=ids).update(
+        status=PaymentStatus.PENDING,
+        fence=F("fence") + 1,
+        attempts=Greatest(F("attempts") - 1, 0),
+        lease_expires_at=None,
+        updated_at=now,
+    )
+    PaymentEvent.objects.bulk_create(
+        PaymentEvent(
+            payment_id=pk,
+            type="unqueued",
+            from_status=PaymentStatus.QUEUED,
+            to_status=PaymentStatus.PENDING,
+            actor=Actor.SYSTEM,
+            fence=fences[str(pk)] + 1,
+            data={"reason": "not published"},
+        )
+        for pk in ids
+    )
+    return len(ids)
 
 
 # --- lease expiry --------------------------------------------------------------------

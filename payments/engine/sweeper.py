@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import connection, transaction
 
+from .. import metrics, transitions
 from ..clock import db_now, same_slot, slot_start, spread, spread_grid
 from ..models import Payment, PaymentStatus
 from ..transitions import Claimed, claim_due
@@ -291,6 +292,27 @@ def work_ahead() -> bool:
     ).exists()
 
 
+def _hand_back(claims: list[Claimed]) -> None:
+    """A batch's messages could not all be published (the broker is down): its
+    claims go back to PENDING with their attempt given back
+    (``transitions.unclaim``), to be claimed again once the broker is back —
+    a broker outage makes payments late, never dead letters. If the database
+    is gone too, the leases run out as before and the reaper takes them back."""
+    try:
+        with transaction.atomic():
+            handed_back = transitions.unclaim(claims)
+    except Exception:
+        logger.exception("could not hand back %s claims after a failed publish", len(claims))
+        return
+    metrics.claims_handed_back.inc(handed_back)
+    logger.warning(
+        "publish failed: %s of %s claims handed back",
+        handed_back,
+        len(claims),
+        extra={"handed_back": handed_back},
+    )
+
+
 def sweep_due(
     *, publish: Callable[[list[Chunk], datetime], int], max_batches: int = 50
 ) -> SweepResult:
@@ -323,7 +345,11 @@ def sweep_due(
             )
         if claims:
             now = db_now()
-            result.messages += publish(chunk_claims(claims, now), now)
+            try:
+                result.messages += publish(chunk_claims(claims, now), now)
+            except Exception:
+                _hand_back(claims)
+                raise
             result.claimed += len(claims)
             result.batches += 1
             result.batch_sizes.append(len(claims))

@@ -5,13 +5,14 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from ledger.models import JournalEntry
-from payments import transitions
+from payments import tasks, transitions
 from payments.clock import db_now
 from payments.clock import slot_start as start_of_slot
-from payments.engine import executor, sweeper
+from payments.engine import executor, reaper, sweeper
 from payments.models import Payment
 from tests.payments.helpers import capture_publish, claim_batch, make_due, slot_start, sweep
 from tests.plans import explain, index_scan
@@ -395,3 +396,87 @@ def test_a_sweep_sends_an_overdue_backlog_of_one_partition_in_one_message(
     assert (result.claimed, result.messages) == (3, 1)
     ((_queue, items, countdown),) = published
     assert sorted(pid for pid, _ in items) == sorted(ids) and countdown is None
+
+
+# --- the broker down --------------------------------------------------------------
+
+
+class BrokerDown(Exception):
+    """What kombu raises when Redis refuses the connection."""
+
+
+def broker_fails_after(monkeypatch, sent_before_failing):
+    """``execute_chunk.apply_async`` that sends ``sent_before_failing`` messages
+    (captured) and then raises, as a broker going down mid-sweep does."""
+    published = capture_publish(monkeypatch)
+    send = tasks.execute_chunk.apply_async
+
+    def apply_async(*args, **kwargs):
+        if len(published) >= sent_before_failing:
+            raise BrokerDown("Error 111 connecting to redis:6379. Connection refused.")
+        send(*args, **kwargs)
+
+    monkeypatch.setattr(tasks.execute_chunk, "apply_async", apply_async)
+    return published
+
+
+def test_a_broker_outage_makes_payments_late_never_dead_letters(alice, monkeypatch, settings):
+    """A claim whose message could not be published went on counting as an
+    attempt: after PAYMENT_MAX_ATTEMPTS sweeps of a broker outage (five
+    leases, ~5 minutes) the reaper dead-lettered every due payment, though no
+    worker had ever tried it. Handed back at once, it keeps its attempts and
+    runs, once, when the broker is back."""
+    (pid,) = schedule(alice, amount=500)
+    make_due(pid)
+    broker_fails_after(monkeypatch, 0)
+    for _ in range(settings.PAYMENT_MAX_ATTEMPTS + 1):
+        with pytest.raises(BrokerDown):
+            sweeper.sweep_due(publish=tasks.publish_chunks)
+        payment = Payment.objects.get(pk=pid)
+        assert (payment.status, payment.attempts, payment.lease_expires_at) == ("PENDING", 0, None)
+        Payment.objects.filter(pk=pid).update(lease_expires_at=timezone.now())  # (none to reap)
+        reaper.reap_leases()
+    payment = Payment.objects.get(pk=pid)
+    assert payment.status == "PENDING" and payment.fence == 2 * (settings.PAYMENT_MAX_ATTEMPTS + 1)
+    types = list(payment.events.order_by("pk").values_list("type", flat=True))
+    assert types == ["scheduled"] + ["queued", "unqueued"] * (settings.PAYMENT_MAX_ATTEMPTS + 1)
+    _, published = sweep(monkeypatch)  # the broker is back
+    assert executor.execute_chunk(published.items()).completed == [pid]
+    assert Payment.objects.get(pk=pid).attempts == 1
+    assert JournalEntry.objects.filter(reference=f"payment:{pid}").count() == 1
+
+
+def test_a_publish_failing_mid_batch_fences_out_what_was_already_sent(
+    alice, bob, monkeypatch, settings
+):
+    """The broker goes down after the batch's first message: the whole batch is
+    handed back (fence + 1), so that message, delivered later, is stale, and
+    each payment runs once, from the next sweep's message."""
+    settings.PAYMENT_CHUNK_SIZE = 4
+    ids = schedule(alice, 6) + schedule(bob, 6)
+    make_due(*ids)
+    sent = broker_fails_after(monkeypatch, 1)
+    with pytest.raises(BrokerDown):
+        sweeper.sweep_due(publish=tasks.publish_chunks)
+    assert len(sent) == 1 and len(sent.items()) == 4
+    assert set(Payment.objects.filter(pk__in=ids).values_list("status", flat=True)) == {"PENDING"}
+    stale = executor.execute_chunk(sent.items()).stale
+    assert sorted(stale) == sorted(pid for pid, _ in sent.items())
+    _, published = sweep(monkeypatch)
+    assert sorted(executor.execute_chunk(published.items()).completed) == sorted(ids)
+    assert JournalEntry.objects.filter(reference__in=[f"payment:{p}" for p in ids]).count() == 12
+
+
+def test_a_hand_back_leaves_a_claim_that_moved_on(alice, monkeypatch):
+    """Between the claim and the hand-back a claim may have been cancelled, run
+    by execute-now or claimed again: only a claim still QUEUED with its fence
+    goes back."""
+    moved, kept = schedule(alice, 2)
+    make_due(moved, kept)
+    with transaction.atomic():
+        claims = claim_batch(10)
+    Payment.objects.filter(pk=moved).update(fence=F("fence") + 1)  # claimed again since
+    with transaction.atomic():
+        assert transitions.unclaim(claims) == 1
+    statuses = dict(Payment.objects.filter(pk__in=[moved, kept]).values_list("pk", "status"))
+    assert {str(k): v for k, v in statuses.items()} == {moved: "QUEUED", kept: "PENDING"}
