@@ -223,6 +223,7 @@ WITH due AS (
        SET status = 'QUEUED',
            fence = p.fence + 1,
            attempts = p.attempts + 1,
+           partition = p.partition %% %(partitions)s,
            lease_expires_at = clock_timestamp() + make_interval(secs => %(lease)s),
            updated_at = clock_timestamp()
       FROM due
@@ -258,6 +259,11 @@ def claim_due(*, limit: int, lookahead: float) -> list[Claimed]:
     payment is then claimed between ``lookahead`` less one slot and
     ``lookahead`` ahead of its run time.
 
+    The partition is taken modulo ``PAYMENT_PARTITIONS``: one stored when the
+    setting was higher (a redeploy with fewer partitions) would be published
+    to a queue no worker consumes any more, and be dead-lettered untried
+    after five leases. Below the setting it is unchanged.
+
     The cutoff uses ``statement_timestamp()``: it is *stable*, so PostgreSQL
     bounds the partial-index scan with it; the volatile ``clock_timestamp()``
     can only be a filter, and an idle sweep then reads every pending row.
@@ -265,7 +271,12 @@ def claim_due(*, limit: int, lookahead: float) -> list[Claimed]:
     lease = settings.PAYMENT_LEASE_SECONDS
     grid = spread_grid(lookahead)
     if connection.vendor == "postgresql":
-        params = {"lookahead": lookahead, "limit": limit, "lease": lease}
+        params = {
+            "lookahead": lookahead,
+            "limit": limit,
+            "lease": lease,
+            "partitions": settings.PAYMENT_PARTITIONS,
+        }
         sql = _CLAIM_SQL
         if grid is not None:
             sql, params["grid"] = _CLAIM_SLOTS_SQL, grid.total_seconds()
@@ -286,6 +297,7 @@ def claim_due(*, limit: int, lookahead: float) -> list[Claimed]:
         status=PaymentStatus.QUEUED,
         fence=F("fence") + 1,
         attempts=F("attempts") + 1,
+        partition=F("partition") % settings.PAYMENT_PARTITIONS,
         lease_expires_at=now + timedelta(seconds=lease),
         updated_at=now,
     )

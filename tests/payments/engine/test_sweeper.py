@@ -9,13 +9,13 @@ from django.db.models import F
 from django.utils import timezone
 
 from ledger.models import JournalEntry
-from payments import tasks, transitions
+from payments import routing, tasks, transitions
 from payments.clock import db_now
 from payments.clock import slot_start as start_of_slot
 from payments.engine import executor, reaper, sweeper
 from payments.models import Payment
 from tests.payments.helpers import capture_publish, claim_batch, make_due, slot_start, sweep
-from tests.plans import explain, index_scan
+from tests.plans import explain, explain_call, index_scan
 
 pytestmark = pytest.mark.django_db
 
@@ -188,7 +188,7 @@ def test_backlog_is_topped_up_in_whole_batches(alice, monkeypatch, settings):
 
 
 @pytest.mark.postgres
-def test_idle_sweep_and_reaper_do_not_scan_far_future_rows(alice):
+def test_idle_sweep_and_reaper_do_not_scan_far_future_rows(alice, settings):
     """The cutoff must be an index condition, not a filter over every pending row.
 
     ``clock_timestamp()`` is volatile, so PostgreSQL cannot use it to bound an
@@ -205,14 +205,14 @@ def test_idle_sweep_and_reaper_do_not_scan_far_future_rows(alice):
         amount=1,
         due_at=far,
     )
-    plan = explain(
-        transitions._CLAIM_SQL,
-        "payments_payment",
-        params={"lookahead": 1, "limit": 2000, "lease": 60},
-    )
-    scan = index_scan(plan, "payments_pending_run_at")
-    assert scan is not None and "run_at" in scan.get("Index Cond", ""), scan
-    assert scan.get("Rows Removed by Filter", 0) == 0 and scan["Actual Rows"] == 0
+    # both claim statements: the plain one, and the whole-slots one production sends
+    for spread_ms, claims_whole_slots in ((0, False), (400, True)):
+        settings.PAYMENT_CHUNK_SPREAD_MS = spread_ms
+        assert (transitions.spread_grid(1) is not None) == claims_whole_slots
+        plan = explain_call(lambda: claim_batch(2000, lookahead=1), "payments_payment")
+        scan = index_scan(plan, "payments_pending_run_at")
+        assert scan is not None and "run_at" in scan.get("Index Cond", ""), scan
+        assert scan.get("Rows Removed by Filter", 0) == 0 and scan["Actual Rows"] == 0
 
     Payment.objects.update(status="QUEUED", lease_expires_at=far)
     plan = explain(
@@ -480,3 +480,24 @@ def test_a_hand_back_leaves_a_claim_that_moved_on(alice, monkeypatch):
         assert transitions.unclaim(claims) == 1
     statuses = dict(Payment.objects.filter(pk__in=[moved, kept]).values_list("pk", "status"))
     assert {str(k): v for k, v in statuses.items()} == {moved: "QUEUED", kept: "PENDING"}
+
+
+def test_payments_stored_under_more_partitions_go_to_a_consumed_queue(
+    alice, bob, monkeypatch, settings
+):
+    """PAYMENT_PARTITIONS lowered on a redeploy: a payment keeps the partition
+    stored when it was scheduled, and was published to a queue no worker
+    consumes any more (then dead-lettered untried after five leases). The claim
+    maps it into the current range; one already in range keeps its own."""
+    settings.PAYMENT_PARTITIONS = 16
+    ids = schedule(alice, 1) + schedule(bob, 1)
+    Payment.objects.filter(pk=ids[0]).update(partition=13)
+    Payment.objects.filter(pk=ids[1]).update(partition=2)
+    make_due(*ids)
+    settings.PAYMENT_PARTITIONS = 8
+    _, published = sweep(monkeypatch)
+    consumed = set(routing.payment_queues(settings.PAYMENT_PARTITIONS))
+    assert published and {queue for queue, _, _ in published} <= consumed
+    stored = dict(Payment.objects.filter(pk__in=ids).values_list("pk", "partition"))
+    assert {str(k): v for k, v in stored.items()} == {ids[0]: 5, ids[1]: 2}
+    assert sorted(executor.execute_chunk(published.items()).completed) == sorted(ids)
