@@ -6,6 +6,8 @@ and unfreezing go through ``account_set_status``, which refuses system
 accounts (the action reports each one it skipped).
 """
 
+import logging
+
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
@@ -17,7 +19,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
-from scheduler_project.admin_actions import one_by_one
+from scheduler_project.admin_actions import ValidSelection, one_by_one
 
 from . import selectors, services
 from .exceptions import LedgerError
@@ -25,8 +27,10 @@ from .models import Account, Hold, JournalEntry, Posting, ReconciliationRun
 
 STATEMENT_ROWS = 50
 
+logger = logging.getLogger(__name__)
 
-class ReadOnlyAdmin(admin.ModelAdmin):
+
+class ReadOnlyAdmin(ValidSelection, admin.ModelAdmin):
     """View-only: rows are created by services, never by hand."""
 
     def has_add_permission(self, request, obj=None):
@@ -45,7 +49,7 @@ def money(value: int) -> str:
 
 
 @admin.register(Account)
-class AccountAdmin(admin.ModelAdmin):
+class AccountAdmin(ValidSelection, admin.ModelAdmin):
     list_display = (
         "id",
         "name",
@@ -94,6 +98,15 @@ class AccountAdmin(admin.ModelAdmin):
         changed = [name for name in self.EDITABLE if name in form.changed_data]
         if changed:
             obj.save(update_fields=changed)
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        """An account is added for a client: without an owner it was neither a
+        client's nor a system account — any client could pay into it and
+        nobody could ever spend from it (system accounts come from migrations)."""
+        form = super().get_form(request, obj, change=change, **kwargs)
+        if obj is None:
+            form.base_fields["owner"].required = True
+        return form
 
     def get_readonly_fields(self, request, obj=None):
         """The owner is chosen when an account is added and never changes after."""
@@ -152,12 +165,23 @@ class AccountAdmin(admin.ModelAdmin):
         }
 
     def _set_status(self, request, queryset, status):
+        """Each account changed is recorded in the admin's history (Django's
+        LogEntry: who, when, what), with a log line: support can tell who froze
+        an account whose payments fail ``account_not_active``."""
+
+        def set_status(account_id):
+            account = services.account_set_status(account_id=account_id, status=status)
+            self.log_change(request, account, f"Status set to {status}.")
+            logger.info(
+                "account %s set to %s by %s",
+                account_id,
+                status,
+                request.user.get_username(),
+                extra={"account_id": account_id, "status": status, "staff_user": request.user.pk},
+            )
+
         one_by_one(
-            self,
-            request,
-            queryset,
-            lambda account_id: services.account_set_status(account_id=account_id, status=status),
-            done=lambda n: f"{n} account(s) set to {status}.",
+            self, request, queryset, set_status, done=lambda n: f"{n} account(s) set to {status}."
         )
 
     def has_freeze_permission(self, request):
@@ -243,6 +267,7 @@ class HoldAdmin(ReadOnlyAdmin):
     list_filter = ("status",)
     search_fields = ("=id", "=account__id", "reference")
     list_select_related = ("account",)
+    show_full_result_count = False  # one hold per payment: no COUNT(*) of them all per view
 
 
 class PostingInline(admin.TabularInline):
@@ -266,6 +291,7 @@ class JournalEntryAdmin(ReadOnlyAdmin):
     search_fields = ("=id", "reference", "description")
     date_hierarchy = "created_at"
     inlines = (PostingInline,)
+    show_full_result_count = False  # one entry per payment: no COUNT(*) of them all per view
 
 
 @admin.register(ReconciliationRun)

@@ -14,7 +14,8 @@ import uuid
 from datetime import timedelta
 
 from django import forms
-from django.contrib import admin, messages
+from django.conf import settings
+from django.contrib import admin
 from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
 from django.db import models
@@ -22,14 +23,16 @@ from django.db.models import F, Q
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
 from ledger.admin import AccountAdmin as LedgerAccountAdmin
 from ledger.admin import ReadOnlyAdmin
+from ledger.exceptions import LedgerError
 from ledger.models import Account
-from scheduler_project.admin_actions import one_by_one
+from scheduler_project.admin_actions import choices_filter, one_by_one
+from scheduler_project.errors import DomainError
 
-from . import services, tokens
+from . import services, tokens, webhooks
 from .formatting import duration_ms
 from .models import (
     DEAD_LETTER_CODE,
@@ -122,6 +125,23 @@ class DueFilter(admin.SimpleListFilter):
         return queryset
 
 
+def _codes(error: type) -> set[str]:
+    return {error.code}.union(*(_codes(sub) for sub in error.__subclasses__()))
+
+
+def error_codes() -> list[tuple[str, str]]:
+    """What a payment's ``error_code`` can be: a ledger refusal at execution or a dead letter."""
+    return [(code, code) for code in sorted(_codes(LedgerError) | {DEAD_LETTER_CODE})]
+
+
+PartitionFilter = choices_filter(
+    "partition",
+    "partition",
+    lambda: [(str(n), f"{n:02d}") for n in range(settings.PAYMENT_PARTITIONS)],
+)
+ErrorCodeFilter = choices_filter("error_code", "error code", error_codes)
+
+
 def account_link(account) -> str:
     url = reverse("admin:ledger_account_change", args=[account.pk])
     return format_html('<a href="{}" title="{}">#{}</a>', url, str(account), account.pk)
@@ -148,8 +168,8 @@ class PaymentAdmin(ReadOnlyAdmin):
     list_filter = (
         "status",
         DueFilter,
-        "partition",
-        "error_code",
+        PartitionFilter,
+        ErrorCodeFilter,
         ("due_at", admin.DateFieldListFilter),
     )
     search_fields = (
@@ -263,7 +283,9 @@ class PaymentAdmin(ReadOnlyAdmin):
                 payment_id=pid,
                 actor=Actor.STAFF,
                 actor_user=request.user,
-                reason=f"cancelled by support ({request.user.get_username()})",
+                # the client reads the reason (its events); actor_user names the
+                # staff user for staff only — a login is half of a credential
+                reason="cancelled by support",
             ),
             "cancelled",
         )
@@ -309,7 +331,7 @@ class DeadLetterAdmin(PaymentAdmin):
     """Payments the reaper gave up on; retry them once the cause is fixed."""
 
     actions = ("retry_dead_letters", "cancel_payments")
-    list_filter = ("partition", ("updated_at", admin.DateFieldListFilter))
+    list_filter = (PartitionFilter, ("updated_at", admin.DateFieldListFilter))
 
     def get_queryset(self, request):
         return (
@@ -319,11 +341,7 @@ class DeadLetterAdmin(PaymentAdmin):
         )
 
 
-class OccurrenceInline(ReadOnlyInline):
-    model = RecurringOccurrence
-    fields = ("scheduled_for", "status", "reason", "payment")
-    readonly_fields = fields
-    ordering = ("-scheduled_for",)
+OCCURRENCE_ROWS = 50
 
 
 @admin.register(RecurringPayment)
@@ -342,7 +360,44 @@ class RecurringPaymentAdmin(ReadOnlyAdmin):
     )
     list_filter = ("status", "missed_run_policy")
     search_fields = ("=from_account__id", "from_account__owner__username")
-    inlines = (OccurrenceInline,)
+    list_select_related = ("from_account", "to_account")
+    readonly_fields = ("latest_occurrences",)
+
+    @admin.display(description=f"Latest {OCCURRENCE_ROWS} occurrences")
+    def latest_occurrences(self, obj):
+        """Newest first, bounded: an every-minute schedule has 525,600 a year, and an
+        inline listed them all, one query each for its payment link."""
+        rows = (
+            RecurringOccurrence.objects.filter(recurring=obj)
+            .select_related("payment")
+            .order_by("-scheduled_for")[:OCCURRENCE_ROWS]
+        )
+        lines = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (
+                    occurrence.scheduled_for.isoformat(),
+                    occurrence.outcome,
+                    occurrence.reason,
+                    format_html(
+                        '<a href="{}">{}</a>',
+                        reverse("admin:payments_payment_change", args=[occurrence.payment_id]),
+                        str(occurrence.payment_id)[:8],
+                    )
+                    if occurrence.payment_id
+                    else "-",
+                )
+                for occurrence in rows
+            ),
+        )
+        if not lines:
+            return "None yet."
+        return format_html(
+            '<table class="occurrences"><tr><th>scheduled for</th><th>outcome</th>'
+            "<th>reason</th><th>payment</th></tr>{}</table>",
+            lines,
+        )
 
 
 class WebhookAttemptInline(ReadOnlyInline):
@@ -363,8 +418,12 @@ class WebhookDeliveryAdmin(ReadOnlyAdmin):
         "next_attempt_at",
         "created_at",
     )
-    list_filter = ("status", "event_type")
+    list_filter = (
+        "status",
+        choices_filter("event_type", "event type", lambda: [(t, t) for t in webhooks.EVENT_TYPES]),
+    )
     search_fields = ("=id", "endpoint__url", "endpoint__client__username")
+    list_select_related = ("endpoint",)
     inlines = (WebhookAttemptInline,)
     show_full_result_count = False
 
@@ -382,6 +441,7 @@ class WebhookEndpointAdmin(ReadOnlyAdmin):
     )
     list_filter = ("is_active",)
     search_fields = ("url", "client__username")
+    list_select_related = ("client",)
     # The signing secret is never shown, not even encrypted.
     exclude = ("secret_ciphertext",)
     # endpoint URLs are https (Django 6's default; says so explicitly on 5.2)
@@ -451,17 +511,23 @@ class ApiTokenAdmin(ReadOnlyAdmin):
 
     @admin.action(description="Revoke selected tokens", permissions=["manage"])
     def revoke_tokens(self, request, queryset):
-        revoked = [
-            token.prefix
-            for token in queryset.order_by("pk")
-            if tokens.api_token_revoke(token=token, actor=request.user, via=ApiTokenVia.ADMIN)
-        ]
-        if revoked:
-            self.message_user(
-                request, f"Revoked {len(revoked)} token(s): {', '.join(revoked)}.", messages.SUCCESS
-            )
-        else:
-            self.message_user(request, "Those tokens were already revoked.", messages.WARNING)
+        """Bounded and one at a time like every bulk action (``one_by_one``); a
+        token already revoked is reported, not counted."""
+        revoked = []
+
+        def revoke(pk):
+            token = ApiToken.objects.get(pk=pk)
+            if not tokens.api_token_revoke(token=token, actor=request.user, via=ApiTokenVia.ADMIN):
+                raise DomainError(f"token {token.prefix} was already revoked")
+            revoked.append(token.prefix)
+
+        one_by_one(
+            self,
+            request,
+            queryset,
+            revoke,
+            done=lambda n: f"Revoked {n} token(s): {', '.join(revoked)}.",
+        )
 
     def get_urls(self):
         return [

@@ -14,8 +14,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from django.conf import settings
-from django.contrib import messages
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.core.exceptions import ValidationError
 from django.db import DatabaseError
+from django.http import HttpResponseRedirect
 
 from .errors import DomainError
 
@@ -59,3 +62,44 @@ def one_by_one(
     if count:
         modeladmin.message_user(request, done(count), messages.SUCCESS)
     return count
+
+
+class ValidSelection:
+    """A ModelAdmin mixin: an action posted with a selected id that is not one of
+    the model's (a hand-made or stale POST: ``not-a-uuid`` for a payment) is
+    refused with a message; Django's ``filter(pk__in=…)`` raised a
+    ValidationError there, a 500."""
+
+    def response_action(self, request, queryset):
+        pk = self.model._meta.pk
+        try:
+            for value in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME):
+                pk.to_python(value)
+        except ValidationError:
+            self.message_user(
+                request,
+                "The selection holds an id that is not one of these rows; nothing was done.",
+                messages.ERROR,
+            )
+            return HttpResponseRedirect(request.get_full_path())
+        return super().response_action(request, queryset)
+
+
+def choices_filter(field: str, title: str, choices: Callable[[], list]) -> type:
+    """A list filter over ``field`` with fixed ``choices()`` (value, label): Django's
+    default filter of a plain field lists its values with a ``SELECT DISTINCT``
+    over the whole table on every page view, whatever else is filtered."""
+
+    class ChoicesFilter(admin.SimpleListFilter):
+        parameter_name = field
+
+        def lookups(self, request, model_admin):
+            return choices()
+
+        def queryset(self, request, queryset):
+            if self.value() is None:
+                return queryset
+            return queryset.filter(**{field: self.value()})
+
+    ChoicesFilter.title = title
+    return ChoicesFilter

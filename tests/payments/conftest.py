@@ -2,6 +2,7 @@ import ipaddress
 import socket
 
 import pytest
+from django.contrib.auth.models import Group
 from django.core.cache import cache
 from rest_framework.test import APIClient
 
@@ -122,3 +123,13 @@ def accounts(db):
     """Two account ids of one client: a funded source and a target."""
     owner = UserFactory()
     return AccountFactory(owner=owner, funded=1_000).pk, AccountFactory(owner=owner).pk
+
+
+@pytest.fixture
+def support(client):
+    """The test client logged in as ``sam``, a staff user of the Support group."""
+    user = UserFactory(username="sam", is_staff=True)
+    user.groups.add(Group.objects.get(name="Support"))
+    client.force_login(user)
+    client.user = user
+    return client

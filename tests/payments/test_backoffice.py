@@ -6,7 +6,6 @@ from datetime import timedelta
 
 import pytest
 import yaml
-from django.contrib.auth.models import Group
 from django.urls import reverse
 from django.utils import timezone
 
@@ -17,15 +16,6 @@ from tests.factories import UserFactory
 from tests.payments.helpers import make_due, sweep
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def support(client):
-    user = UserFactory(username="sam", is_staff=True)
-    user.groups.add(Group.objects.get(name="Support"))
-    client.force_login(user)
-    client.user = user
-    return client
 
 
 def changelist_action(client, model, action, ids):
