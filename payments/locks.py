@@ -130,8 +130,9 @@ def lock_due_queued(
 
     ``SKIP LOCKED``: a row another executor (or a cancel) holds is left to it,
     never waited for. ``exclude`` are the chunk's own ids, locked already. An
-    expired lease is the reaper's (as is the operator's execute-now claim,
-    whose lease ends at once: its own call runs it). A payment claimed again
+    expired lease is the reaper's. The operator's execute-now claim has a full
+    lease and may be collapsed like a sweeper's (its own call then finds it
+    done: the fence and the UNIQUE reference keep it to once). A payment claimed again
     (its lease ran out: a lost message, or a payment that kept failing its
     batch) runs only in its own message: one that breaks every transaction
     it is in must not be carried into other clients' batches claim after

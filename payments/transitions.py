@@ -339,7 +339,8 @@ def claim_now(payment: Payment, *, now: datetime, execution_id: str) -> int:
     payment.fence += 1
     payment.attempts += 1
     payment.lease_expires_at = now + timedelta(seconds=settings.PAYMENT_LEASE_SECONDS)
-    payment.save(update_fields=["status", "fence", "attempts", "lease_expires_at"])
+    payment.updated_at = now
+    payment.save(update_fields=["status", "fence", "attempts", "lease_expires_at", "updated_at"])
     event(
         payment,
         "queued",

@@ -34,6 +34,21 @@ def test_create_api_client_json_contract():
         call_command("create_api_client", "acme", "--json", stdout=StringIO())
 
 
+def test_create_api_client_racing_another_run_for_the_same_name_says_so(monkeypatch):
+    """Two runs at once with one name: both pass the exists() check, and the second
+    ended in an IntegrityError traceback. It is the same CommandError, nothing of
+    it left behind."""
+    from django.contrib.auth import get_user_model
+    from django.db.models.query import QuerySet
+
+    get_user_model().objects.create_user(username="acme")  # the other run, committed first
+    accounts = Account.objects.count()
+    monkeypatch.setattr(QuerySet, "exists", lambda self: False)  # checked before it committed
+    with pytest.raises(CommandError, match="'acme' already exists"):
+        call_command("create_api_client", "acme", "--json", stdout=StringIO())
+    assert Account.objects.count() == accounts
+
+
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_create_api_client_json_is_the_only_stdout_in_a_real_process():

@@ -103,6 +103,16 @@ def test_claim_now_refuses_a_payment_that_is_no_longer_open(alice, status):
     assert Payment.objects.get(pk=payment.pk).fence == 0
 
 
+def test_claim_now_leases_the_payment_and_records_when(alice, settings):
+    payment = scheduled(alice)
+    now = db_now()
+    assert transitions.claim_now(payment, now=now, execution_id="op-1") == 1
+    stored = Payment.objects.get(pk=payment.pk)
+    assert (stored.status, stored.fence, stored.attempts) == ("QUEUED", 1, 1)
+    assert stored.lease_expires_at == now + timedelta(seconds=settings.PAYMENT_LEASE_SECONDS)
+    assert stored.updated_at == now
+
+
 # --- cancel ----------------------------------------------------------------------------
 
 

@@ -10,7 +10,7 @@ import json
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
 from ledger import services as ledger
 from payments.models import ApiTokenVia
@@ -34,6 +34,21 @@ class Command(BaseCommand):
         user_model = get_user_model()
         if user_model.objects.filter(username=name).exists():
             raise CommandError(f"User {name!r} already exists.")
+        try:
+            result = self._create(user_model, name, balance, accounts)
+        except IntegrityError:
+            # the same name created at the same time by another run: nothing of this one stays
+            raise CommandError(f"User {name!r} already exists.") from None
+        if options["json"]:
+            self.stdout.write(json.dumps(result))
+        else:
+            self.stdout.write(f"Client:   {name}")
+            self.stdout.write(f"Token:    {result['token']}   (shown once)")
+            ids = ", ".join(map(str, result["account_ids"]))
+            self.stdout.write(f"Accounts: {ids} ({balance} each)")
+
+    @staticmethod
+    def _create(user_model, name, balance, accounts):
         with transaction.atomic():
             user = user_model.objects.create_user(username=name)
             _, token = api_token_issue(
@@ -50,10 +65,4 @@ class Command(BaseCommand):
                         description="Initial funds",
                     )
                 account_ids.append(account.pk)
-        result = {"username": name, "token": token, "account_ids": account_ids}
-        if options["json"]:
-            self.stdout.write(json.dumps(result))
-        else:
-            self.stdout.write(f"Client:   {name}")
-            self.stdout.write(f"Token:    {token}   (shown once)")
-            self.stdout.write(f"Accounts: {', '.join(map(str, account_ids))} ({balance} each)")
+        return {"username": name, "token": token, "account_ids": account_ids}
