@@ -326,6 +326,10 @@ def _materialize_piece(schedule_id, result: MaterializeResult, cap: int) -> tupl
         cutoff = now - timedelta(seconds=settings.RECURRING_MISSED_GRACE_SECONDS)
         policy = schedule.missed_run_policy
         keep = {"skip": 0, "run_once": 1, "run_all": schedule.max_catch_up}[policy]
+        if schedule.max_occurrences is not None:
+            # the latest missed ones that can still run: with fewer occurrences
+            # left than `keep`, the oldest kept ran and the rest were never recorded
+            keep = min(keep, max(schedule.max_occurrences - schedule.occurrences_run, 0))
         occurrences: list[RecurringOccurrence] = []
         missed: deque[datetime] = deque()
         on_time: list[datetime] = []

@@ -458,6 +458,34 @@ def test_a_schedule_paused_by_its_failures_mid_catch_up_records_the_rest(alice, 
     assert len(occurrence_rows(schedule)) == 31
 
 
+def test_run_all_with_fewer_occurrences_left_runs_the_latest_and_records_the_rest(alice, settings):
+    """max_occurrences 3 and 10 kept missed: the oldest 3 of the kept ran, the
+    schedule ended, and the other 7 were never recorded. Now the latest 3 run
+    and the 7 before them are recorded skipped, as README's table says."""
+    settings.RECURRING_MATERIALIZE_AHEAD_SECONDS = 0
+    start = timezone.now() - timedelta(minutes=10, seconds=30)
+    schedule = make_schedule(
+        alice.account.pk,
+        alice.other_account.pk,
+        start=start,
+        every=60,
+        missed_run_policy="run_all",
+        max_catch_up=10,
+        max_occurrences=3,
+    )
+    materializer.materialize_due()
+    rows = dict(
+        RecurringOccurrence.objects.filter(recurring=schedule).values_list(
+            "scheduled_for", "status"
+        )
+    )
+    missed = [start + timedelta(minutes=k) for k in range(10)]
+    assert [rows.get(t) for t in missed] == ["skipped"] * 7 + ["scheduled"] * 3
+    assert len(rows) == 10  # the 11th, on time, is past max_occurrences
+    schedule.refresh_from_db()
+    assert (schedule.status, schedule.occurrences_run) == ("ended", 3)
+
+
 @pytest.mark.parametrize(("policy", "skipped", "caught_up"), [("skip", 3, 0), ("run_once", 2, 1)])
 def test_max_occurrences_does_not_count_skipped_occurrences(
     alice, settings, policy, skipped, caught_up
