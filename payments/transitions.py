@@ -95,6 +95,23 @@ def event(
     )
 
 
+def system_events(type: str, from_status: str, to_status: str, rows, **data: Any) -> None:
+    """One bulk insert of the system's audit rows for a set-based move: ``rows``
+    are (payment id, fence after the move)."""
+    PaymentEvent.objects.bulk_create(
+        PaymentEvent(
+            payment_id=pk,
+            type=type,
+            from_status=from_status,
+            to_status=to_status,
+            actor=Actor.SYSTEM,
+            fence=fence,
+            data=data,
+        )
+        for pk, fence in rows
+    )
+
+
 def release_hold(payment: Payment, batch: LedgerBatch | None = None) -> None:
     """Release the payment's hold if it is still active (cancel, failure, dead letter).
 
@@ -304,16 +321,8 @@ def claim_due(*, limit: int, lookahead: float) -> list[Claimed]:
     rows = list(
         Payment.objects.filter(pk__in=ids).values_list("pk", "fence", "partition", "due_at")
     )
-    PaymentEvent.objects.bulk_create(
-        PaymentEvent(
-            payment_id=pk,
-            type="queued",
-            from_status=PaymentStatus.PENDING,
-            to_status=PaymentStatus.QUEUED,
-            actor=Actor.SYSTEM,
-            fence=fence,
-        )
-        for pk, fence, _, _ in rows
+    system_events(
+        "queued", PaymentStatus.PENDING, PaymentStatus.QUEUED, [(pk, f) for pk, f, _, _ in rows]
     )
     return [Claimed(str(pk), fence, part, due) for pk, fence, part, due in rows]
 
@@ -446,17 +455,12 @@ def unclaim(claims: list[Claimed]) -> int:
         lease_expires_at=None,
         updated_at=now,
     )
-    PaymentEvent.objects.bulk_create(
-        PaymentEvent(
-            payment_id=pk,
-            type="unqueued",
-            from_status=PaymentStatus.QUEUED,
-            to_status=PaymentStatus.PENDING,
-            actor=Actor.SYSTEM,
-            fence=fences[str(pk)] + 1,
-            data={"reason": "not published"},
-        )
-        for pk in ids
+    system_events(
+        "unqueued",
+        PaymentStatus.QUEUED,
+        PaymentStatus.PENDING,
+        [(pk, fences[str(pk)] + 1) for pk in ids],
+        reason="not published",
     )
     return len(ids)
 
