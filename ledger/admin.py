@@ -267,7 +267,7 @@ class HoldAdmin(ReadOnlyAdmin):
     list_filter = ("status",)
     search_fields = ("=id", "=account__id", "reference")
     list_select_related = ("account",)
-    show_full_result_count = False  # one hold per payment: no COUNT(*) of them all per view
+    show_full_result_count = False  # filtered: no second COUNT(*) of them all per view
 
 
 class PostingInline(admin.TabularInline):
@@ -291,7 +291,7 @@ class JournalEntryAdmin(ReadOnlyAdmin):
     search_fields = ("=id", "reference", "description")
     date_hierarchy = "created_at"
     inlines = (PostingInline,)
-    show_full_result_count = False  # one entry per payment: no COUNT(*) of them all per view
+    show_full_result_count = False  # filtered: no second COUNT(*) of them all per view
 
 
 @admin.register(ReconciliationRun)

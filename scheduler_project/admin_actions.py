@@ -16,6 +16,7 @@ from collections.abc import Callable
 from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.core.exceptions import ValidationError
 from django.db import DatabaseError
 from django.http import HttpResponseRedirect
@@ -99,7 +100,10 @@ def choices_filter(field: str, title: str, choices: Callable[[], list]) -> type:
         def queryset(self, request, queryset):
             if self.value() is None:
                 return queryset
-            return queryset.filter(**{field: self.value()})
+            try:
+                return queryset.filter(**{field: self.value()})
+            except (ValueError, ValidationError) as exc:  # ?partition=abc: the admin's ?e=1
+                raise IncorrectLookupParameters(exc) from exc
 
     ChoicesFilter.title = title
     return ChoicesFilter

@@ -251,7 +251,10 @@ def recurring_set_status(*, schedule_id, client, action: str) -> RecurringPaymen
         if was_active:  # pause, or cancel of an active one: what was due is recorded
             materializer.set_aside_unrecorded(schedule, now, reason=str(target.value))
         if action == "pause":
-            transitions.advance_schedule(schedule)  # the next instant after the cursor
+            # the next instant after the cursor; a calendar no longer readable (a
+            # time zone tzdata dropped) keeps the old one: the pause must not fail
+            with contextlib.suppress(InvalidSchedule):
+                transitions.advance_schedule(schedule)
         if action == "resume":
             schedule.consecutive_failures = 0
             if schedule.next_run_at is not None and schedule.next_run_at < now:

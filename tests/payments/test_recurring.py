@@ -398,6 +398,26 @@ def test_pausing_a_catch_up_records_the_missed_occurrences_it_had_not_reached(al
     assert not RecurringBacklog.objects.exists()
 
 
+def test_a_schedule_whose_time_zone_is_gone_can_still_be_paused(alice):
+    """Pausing recomputes next_run_at, which reads the calendar: with a time zone
+    tzdata no longer has it raised InvalidSchedule, a 500 (a reviewer's finding
+    on this session's change). The old next_run_at stays."""
+    later = timezone.now() + timedelta(hours=1)
+    schedule = make_schedule(
+        alice.account.pk,
+        alice.other_account.pk,
+        start=later,
+        last_occurrence_at=timezone.now() + timedelta(minutes=30),
+    )
+    RecurringPayment.objects.filter(pk=schedule.pk).update(
+        cron="0 9 * * *", interval_seconds=None, timezone="Mars/Base"
+    )
+    response = alice.api.post(f"/api/v1/recurring-payments/{schedule.pk}/pause")
+    assert response.status_code == 200, response.content
+    schedule.refresh_from_db()
+    assert (schedule.status, schedule.next_run_at) == ("paused", later)
+
+
 def test_the_backlog_is_recorded_a_bounded_number_per_run_even_while_paused(alice, settings):
     """However long the catch-up that a pause cut short, the pause itself is O(1)
     and the materialiser records the rest 200 a run, paused or not."""
