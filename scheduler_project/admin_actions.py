@@ -17,6 +17,7 @@ from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import ValidationError
 from django.db import DatabaseError
 from django.http import HttpResponseRedirect
@@ -65,11 +66,25 @@ def one_by_one(
     return count
 
 
+class _ChangeList(ChangeList):
+    def get_filters(self, request):
+        try:
+            return super().get_filters(request)
+        except OverflowError as exc:
+            # ?due_at__year=999…9: Django's date drill-down turns a ValueError
+            # into ?e=1, but the year overflows datetime() first — a 500
+            raise IncorrectLookupParameters(exc) from exc
+
+
 class ValidSelection:
-    """A ModelAdmin mixin: an action posted with a selected id that is not one of
-    the model's (a hand-made or stale POST: ``not-a-uuid`` for a payment) is
-    refused with a message; Django's ``filter(pk__in=…)`` raised a
-    ValidationError there, a 500."""
+    """A ModelAdmin mixin for what a hand-made or stale request can carry: an
+    action posted with a selected id that is not one of the model's
+    (``not-a-uuid`` for a payment) is refused with a message, where Django's
+    ``filter(pk__in=…)`` raised a ValidationError, a 500; a date drill-down
+    year past datetime's range answers ``?e=1`` like any bad filter value."""
+
+    def get_changelist(self, request, **kwargs):
+        return _ChangeList
 
     def response_action(self, request, queryset):
         pk = self.model._meta.pk
