@@ -113,6 +113,50 @@ def test_claim_now_leases_the_payment_and_records_when(alice, settings):
     assert stored.updated_at == now
 
 
+# --- dead_letter_put_off ---------------------------------------------------------------
+
+
+def expired_claim(client, *, lease_ago: timedelta) -> Payment:
+    now = db_now()
+    return set_status(scheduled(client), "QUEUED", fence=1, lease_expires_at=now - lease_ago)
+
+
+def test_put_off_moves_the_lease_on_and_says_so(alice):
+    payment = expired_claim(alice, lease_ago=timedelta(seconds=5))
+    Payment.objects.filter(pk=payment.pk).update(description="changed since it was read")
+    now = db_now()
+    assert transitions.dead_letter_put_off(payment, now=now, seconds=60) is True
+    stored = Payment.objects.get(pk=payment.pk)
+    assert (stored.status, stored.fence) == ("QUEUED", 1)
+    assert (stored.lease_expires_at, stored.updated_at) == (now + timedelta(seconds=60), now)
+    assert stored.description == "changed since it was read"  # only its own fields written
+    event = stored.events.get(type="dead_letter_failed")
+    assert (event.from_status, event.to_status, event.data) == (
+        "QUEUED",
+        "QUEUED",
+        {"retry_in_seconds": 60},
+    )
+
+
+@pytest.mark.parametrize(
+    ("status", "lease_ago"),
+    [
+        ("PENDING", timedelta(seconds=5)),  # moved on, its lease (stale here) expired
+        ("CANCELLED", timedelta(seconds=5)),
+        ("QUEUED", timedelta(0)),  # the lease ends at this very instant: not over yet
+        ("QUEUED", -timedelta(seconds=30)),  # claimed again meanwhile
+    ],
+)
+def test_put_off_leaves_a_payment_that_moved_on(alice, status, lease_ago):
+    payment = expired_claim(alice, lease_ago=lease_ago)
+    now = payment.lease_expires_at + lease_ago  # the instant the lease is `lease_ago` past
+    payment = set_status(payment, status)
+    assert transitions.dead_letter_put_off(payment, now=now, seconds=60) is False
+    stored = Payment.objects.get(pk=payment.pk)
+    assert stored.lease_expires_at == payment.lease_expires_at
+    assert not stored.events.filter(type="dead_letter_failed").exists()
+
+
 # --- cancel ----------------------------------------------------------------------------
 
 
