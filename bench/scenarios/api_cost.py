@@ -47,7 +47,7 @@ from datetime import UTC, datetime
 from bench.harness.api_load import create_client
 from bench.harness.db import prepare
 from bench.harness.metrics import percentile, postgres_cpu, postgres_cpu_since
-from bench.harness.report import write_report
+from bench.harness.report import cpu_probe_ms, git_revision, write_report
 
 DATABASE = "scheduler_bench_apicost"
 REDIS_DB = 7
@@ -220,7 +220,14 @@ def run(args, served: dict) -> int:
         assert response.status_code == 200, response.content
         return response
 
-    report = {"n": args.n, "at": datetime.now(UTC).isoformat(), "served": bool(served)}
+    report = {
+        "n": args.n,
+        "at": datetime.now(UTC).isoformat(),
+        "served": bool(served),
+        # which code on which host: without them no two runs could be compared
+        "git": git_revision(),
+        "cpu_probe_ms": cpu_probe_ms(),
+    }
     calls = {"schedule": schedule, "schedule_key": schedule_key, "status": status}
     for name, call in calls.items():
         count, shapes = statements(call)
