@@ -48,7 +48,6 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import connection
 from django.db.models import F
-from django.db.models.functions import Greatest
 
 from ledger.db import bulk_insert_rows
 from ledger.models import Account, HoldStatus, JournalEntry
@@ -451,7 +450,7 @@ def unclaim(claims: list[Claimed]) -> int:
     Payment.objects.filter(pk__in=ids).update(
         status=PaymentStatus.PENDING,
         fence=F("fence") + 1,
-        attempts=Greatest(F("attempts") - 1, 0),
+        attempts=F("attempts") - 1,  # the claim added it: at least 1
         lease_expires_at=None,
         updated_at=now,
     )

@@ -14,13 +14,13 @@ from django.db import OperationalError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from ledger.models import Account
-from payments import locks
+from payments import locks, transitions
 from payments.clock import db_now
 from payments.exceptions import NotFound
 from payments.models import Payment, PaymentEvent, RecurringPayment, RecurringStatus
 from tests.concurrency import commit_elsewhere, key_share
 from tests.factories import AccountFactory, UserFactory
-from tests.payments.helpers import bulk_schedule, claim_batch, make_schedule
+from tests.payments.helpers import bulk_schedule, claim_batch, make_due, make_schedule
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -169,3 +169,26 @@ def test_lock_expired_claim_takes_only_a_queued_payment(payment):
         claim_batch(1, 0.0)
     with transaction.atomic():
         assert locks.lock_expired_claim(payment.pk).pk == payment.pk
+
+
+# --- the sweeper's hand-back (transitions.unclaim) -------------------------------------
+
+
+def test_a_hand_back_skips_a_claim_an_executor_holds_and_blocks_no_reference(alice):
+    """``SKIP LOCKED``: a claim an executor's batch holds is being run, and the
+    hand-back must not wait for it (the sweep would stall behind a batch); and
+    ``FOR NO KEY UPDATE``: an insert referencing a handed-back payment (an
+    event, an attempt) is not kept waiting."""
+    held, free = [alice.schedule().json()["payment_id"] for _ in range(2)]
+    make_due(held, free)
+    with transaction.atomic():
+        claims = claim_batch(10)
+    with transaction.atomic():
+        Payment.objects.select_for_update().get(pk=held)  # the executor's batch
+        commit_elsewhere(lambda: transitions.unclaim(claims))
+    statuses = dict(Payment.objects.filter(pk__in=[held, free]).values_list("pk", "status"))
+    assert {str(k): v for k, v in statuses.items()} == {held: "QUEUED", free: "PENDING"}
+    with transaction.atomic():
+        (claim,) = claim_batch(10)
+        assert transitions.unclaim([claim]) == 1
+        assert key_share("payments_payment", claim.payment_id) is None

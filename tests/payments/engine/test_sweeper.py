@@ -468,18 +468,52 @@ def test_a_publish_failing_mid_batch_fences_out_what_was_already_sent(
 
 
 def test_a_hand_back_leaves_a_claim_that_moved_on(alice, monkeypatch):
-    """Between the claim and the hand-back a claim may have been cancelled, run
-    by execute-now or claimed again: only a claim still QUEUED with its fence
-    goes back."""
-    moved, kept = schedule(alice, 2)
-    make_due(moved, kept)
+    """Between the claim and the hand-back a claim may have been claimed again, or
+    run (COMPLETED keeps the fence it ran under): only a claim still QUEUED with
+    its fence goes back."""
+    moved, ran, kept = schedule(alice, 3)
+    make_due(moved, ran, kept)
     with transaction.atomic():
         claims = claim_batch(10)
     Payment.objects.filter(pk=moved).update(fence=F("fence") + 1)  # claimed again since
+    (ran_claim,) = [c for c in claims if c.payment_id == ran]
+    assert executor.execute_chunk([(ran, ran_claim.fence)]).completed == [ran]
     with transaction.atomic():
         assert transitions.unclaim(claims) == 1
-    statuses = dict(Payment.objects.filter(pk__in=[moved, kept]).values_list("pk", "status"))
-    assert {str(k): v for k, v in statuses.items()} == {moved: "QUEUED", kept: "PENDING"}
+        assert transitions.unclaim(claims) == 0  # nothing left to hand back
+    statuses = dict(Payment.objects.filter(pk__in=[moved, ran, kept]).values_list("pk", "status"))
+    assert {str(k): v for k, v in statuses.items()} == {
+        moved: "QUEUED",
+        ran: "COMPLETED",
+        kept: "PENDING",
+    }
+
+
+def test_a_hand_back_gives_back_the_claims_attempt_and_says_so(alice):
+    """A payment on its third claim (two leases lost before) goes back with two
+    attempts counted, its fence moved on, its run time kept, and an event."""
+    (pid,) = schedule(alice)
+    make_due(pid)
+    Payment.objects.filter(pk=pid).update(attempts=2, fence=4)
+    before = Payment.objects.get(pk=pid)
+    with transaction.atomic():
+        (claim,) = claim_batch(10)
+    assert (claim.fence, Payment.objects.get(pk=pid).attempts) == (5, 3)
+    with transaction.atomic():
+        assert transitions.unclaim([claim]) == 1
+    after = Payment.objects.get(pk=pid)
+    assert (after.status, after.fence, after.attempts) == ("PENDING", 6, 2)
+    assert (after.run_at, after.lease_expires_at) == (before.run_at, None)
+    assert after.updated_at > before.updated_at
+    event = after.events.order_by("pk").last()
+    assert (event.type, event.from_status, event.to_status, event.actor, event.fence) == (
+        "unqueued",
+        "QUEUED",
+        "PENDING",
+        "system",
+        6,
+    )
+    assert event.data == {"reason": "not published"}
 
 
 def test_payments_stored_under_more_partitions_go_to_a_consumed_queue(
