@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
+from kombu.exceptions import OperationalError as KombuOperationalError
 
 from .. import metrics, transitions
 from ..clock import db_now, same_slot, slot_start, spread, spread_grid
@@ -292,6 +293,14 @@ def work_ahead() -> bool:
     ).exists()
 
 
+# What publishing raises when the broker cannot be reached (kombu wraps the
+# transport's connection errors in its OperationalError). Only then are the
+# claims handed back: a failure of any other kind could repeat for the same
+# claims, and handing them back would have every sweep claim and fail the same
+# oldest batch for ever; those wait out their lease, as before.
+BROKER_UNREACHABLE = (KombuOperationalError, OSError)
+
+
 def _hand_back(claims: list[Claimed]) -> None:
     """A batch's messages could not all be published (the broker is down): its
     claims go back to PENDING with their attempt given back
@@ -347,7 +356,7 @@ def sweep_due(
             now = db_now()
             try:
                 result.messages += publish(chunk_claims(claims, now), now)
-            except Exception:
+            except BROKER_UNREACHABLE:
                 _hand_back(claims)
                 raise
             result.claimed += len(claims)

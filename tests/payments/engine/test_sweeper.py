@@ -7,6 +7,7 @@ import pytest
 from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
+from kombu.exceptions import OperationalError as KombuOperationalError
 
 from ledger.models import JournalEntry
 from payments import routing, tasks, transitions
@@ -401,7 +402,7 @@ def test_a_sweep_sends_an_overdue_backlog_of_one_partition_in_one_message(
 # --- the broker down --------------------------------------------------------------
 
 
-class BrokerDown(Exception):
+class BrokerDown(KombuOperationalError):
     """What kombu raises when Redis refuses the connection."""
 
 
@@ -465,6 +466,24 @@ def test_a_publish_failing_mid_batch_fences_out_what_was_already_sent(
     _, published = sweep(monkeypatch)
     assert sorted(executor.execute_chunk(published.items()).completed) == sorted(ids)
     assert JournalEntry.objects.filter(reference__in=[f"payment:{p}" for p in ids]).count() == 12
+
+
+def test_a_publish_failing_for_another_reason_leaves_the_claims_to_their_lease(alice, monkeypatch):
+    """Only an unreachable broker hands claims back: a failure that could repeat
+    for the same claims would have every sweep claim and fail the same oldest
+    batch for ever, stopping everything behind it. Those wait out their lease
+    (the reaper counts the attempt), as before."""
+    (pid,) = schedule(alice)
+    make_due(pid)
+
+    def publish(chunks, now):
+        raise TypeError("a bug in building the message")
+
+    with pytest.raises(TypeError):
+        sweeper.sweep_due(publish=publish)
+    payment = Payment.objects.get(pk=pid)
+    assert (payment.status, payment.attempts) == ("QUEUED", 1)
+    assert not payment.events.filter(type="unqueued").exists()
 
 
 def test_a_hand_back_leaves_a_claim_that_moved_on(alice, monkeypatch):
