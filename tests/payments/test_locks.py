@@ -188,7 +188,13 @@ def test_a_hand_back_skips_a_claim_an_executor_holds_and_blocks_no_reference(ali
         commit_elsewhere(lambda: transitions.unclaim(claims))
     statuses = dict(Payment.objects.filter(pk__in=[held, free]).values_list("pk", "status"))
     assert {str(k): v for k, v in statuses.items()} == {held: "QUEUED", free: "PENDING"}
+    bystander = alice.schedule().json()["payment_id"]  # QUEUED, not this sweep's claim
+    make_due(bystander)
     with transaction.atomic():
-        (claim,) = claim_batch(10)
+        claims = claim_batch(10)
+    (claim,) = [c for c in claims if c.payment_id == free]
+    with transaction.atomic():
         assert transitions.unclaim([claim]) == 1
         assert key_share("payments_payment", claim.payment_id) is None
+        # only its own claims are locked: an executor's batch taking another goes on
+        commit_elsewhere(lambda: Payment.objects.select_for_update(nowait=True).get(pk=bystander))

@@ -517,13 +517,14 @@ def test_a_hand_back_gives_back_the_claims_attempt_and_says_so(alice):
     before = Payment.objects.get(pk=pid)
     with transaction.atomic():
         (claim,) = claim_batch(10)
-    assert (claim.fence, Payment.objects.get(pk=pid).attempts) == (5, 3)
+    claimed = Payment.objects.get(pk=pid)
+    assert (claim.fence, claimed.attempts) == (5, 3)
     with transaction.atomic():
         assert transitions.unclaim([claim]) == 1
     after = Payment.objects.get(pk=pid)
     assert (after.status, after.fence, after.attempts) == ("PENDING", 6, 2)
     assert (after.run_at, after.lease_expires_at) == (before.run_at, None)
-    assert after.updated_at > before.updated_at
+    assert after.updated_at > claimed.updated_at
     event = after.events.order_by("pk").last()
     assert (event.type, event.from_status, event.to_status, event.actor, event.fence) == (
         "unqueued",
