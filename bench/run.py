@@ -61,7 +61,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.harness.charts import charts
-from bench.harness.db import server_settings
+from bench.harness.db import local_cluster, server_settings
 from bench.harness.processes import ROOT
 from bench.harness.report import (
     cpu_probe_ms,
@@ -377,6 +377,16 @@ def parse_args(argv=None):
         "server runs; the server's default 1GB checkpoints every ~20 s at 2,000 payments/s) "
         "or 'server' (as configured; the runs of record up to session 26)",
     )
+    parser.add_argument(
+        "--commit-timestamps",
+        choices=("auto", "on", "server"),
+        default="auto",
+        help="PostgreSQL's track_commit_timestamp during the run, so the capacity scenario "
+        "reads lateness to each payment's commit as well as to its lock (executed_at) and "
+        "judges the SLO on it: 'on' (restarts this host's Debian cluster to take it, and "
+        "again to put it back), 'server' (as configured) or 'auto' (on where the harness "
+        "can restart the server, else as configured)",
+    )
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--scenario", help=argparse.SUPPRESS)
     parser.add_argument("--scenario-out", help=argparse.SUPPRESS)
@@ -404,6 +414,19 @@ def stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, stop)
 
 
+def commit_timestamps(wanted: str) -> str:
+    """``--commit-timestamps``: ``auto`` is ``on`` where the harness can restart the
+    server (``harness.db.local_cluster``), else ``server`` (said on stdout)."""
+    if wanted != "auto":
+        return wanted
+    try:
+        local_cluster()
+    except RuntimeError as why:
+        print(f"lateness to the commit not recorded ({why}): --commit-timestamps server")
+        return "server"
+    return "on"
+
+
 def main() -> int:
     stop_on_sigterm()
     args = parse_args()
@@ -420,7 +443,11 @@ def main() -> int:
     probes = {"before": cpu_probe_ms()}
     wakes = {"before": wake_charge_us()}
     results = {}
-    with server_settings(autovacuum=args.autovacuum, max_wal_size=args.max_wal_size):
+    with server_settings(
+        autovacuum=args.autovacuum,
+        max_wal_size=args.max_wal_size,
+        track_commit_timestamp=commit_timestamps(args.commit_timestamps),
+    ):
         for name in selected:
             results[name] = run_scenario_subprocess(name, child_argv, out)
             probes[f"after {name}"] = cpu_probe_ms()

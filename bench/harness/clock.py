@@ -64,3 +64,31 @@ def lateness_rows():
     return list(
         Payment.objects.filter(status="COMPLETED").values_list("due_at", "executed_at", "pk")
     )
+
+
+# The commit time of the transaction that wrote a row's current version: what a
+# caller sees as "the money moved". Needs PostgreSQL's track_commit_timestamp
+# (a server-start setting: bench/run.py --commit-timestamps turns it on for a
+# run); NULL for rows written while it was off.
+COMMITTED_AT_SQL = "pg_xact_commit_timestamp({table}.xmin)"
+
+
+def commit_timestamps_on() -> bool:
+    """True when the server records commit times (``track_commit_timestamp``)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('track_commit_timestamp')")
+        return cursor.fetchone()[0] == "on"
+
+
+def committed_at(table: str):
+    """An ORM expression for the commit time of ``table``'s rows (``COMMITTED_AT_SQL``);
+    NULL when the server records none (the function raises then)."""
+    from django.db.models import DateTimeField, Value
+    from django.db.models.expressions import RawSQL
+
+    if not commit_timestamps_on():
+        return Value(None, output_field=DateTimeField())
+    sql = COMMITTED_AT_SQL.format(table=table)  # a table name from this code, no input
+    return RawSQL(sql, [], output_field=DateTimeField())  # noqa: S611

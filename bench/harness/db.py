@@ -65,7 +65,7 @@ def setting_switch(
     reset, so the configuration files decide again."""
     if wanted is None or wanted == before:
         return [], []
-    reload = "SELECT pg_reload_conf()"
+    reload = RELOAD
     if in_auto_conf:
         restore = f"ALTER SYSTEM SET {name} = '{before}'"
     else:
@@ -91,7 +91,87 @@ def max_wal_size_switch(
     )
 
 
-SWITCHES = {"autovacuum": autovacuum_switch, "max_wal_size": max_wal_size_switch}
+RELOAD = "SELECT pg_reload_conf()"
+# not SQL: ``server_settings`` restarts the server here (``restart_server``)
+RESTART = "-- restart the server"
+
+
+def commit_timestamps_switch(
+    wanted: str, before: str, in_auto_conf: bool
+) -> tuple[list[str], list[str]]:
+    """``setting_switch`` for track_commit_timestamp, ``"on"`` or ``"server"``: a
+    setting read only at server start, so the server restarts to take it and
+    again to put it back (``RESTART`` where the others reload)."""
+    if wanted not in ("on", "server"):
+        raise ValueError(f"commit timestamps: 'on' or 'server', not {wanted!r}")
+    enter, leave = setting_switch(
+        "track_commit_timestamp", None if wanted == "server" else "on", before, in_auto_conf
+    )
+    return (
+        [RESTART if s == RELOAD else s for s in enter],
+        [RESTART if s == RELOAD else s for s in leave],
+    )
+
+
+SWITCHES = {
+    "autovacuum": autovacuum_switch,
+    "max_wal_size": max_wal_size_switch,
+    "track_commit_timestamp": commit_timestamps_switch,
+}
+
+
+def local_cluster() -> list[str]:
+    """``pg_ctlcluster``'s arguments for this host's Debian cluster (the one
+    scripts/test starts), or a RuntimeError saying why the harness cannot
+    restart the server it runs against."""
+    import shutil
+    from pathlib import Path
+
+    versions = sorted(
+        (p.name for p in Path("/etc/postgresql").glob("*") if p.name.isdigit()), key=int
+    )
+    if "127.0.0.1" not in PG_SERVER and "localhost" not in PG_SERVER:
+        raise RuntimeError(f"the server at {PG_SERVER} is not this host's")
+    if not shutil.which("pg_ctlcluster") or not versions:
+        raise RuntimeError("no Debian PostgreSQL cluster (pg_ctlcluster) on this host")
+    return ["pg_ctlcluster", "--skip-systemctl-redirect", versions[-1], "main"]
+
+
+def restart_server(timeout: float = 60.0) -> None:
+    """Restart this host's PostgreSQL (``local_cluster``) and wait until it answers."""
+    import time
+
+    import psycopg
+
+    subprocess.run([*local_cluster(), "restart"], check=True, capture_output=True)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            psycopg.connect(f"{PG_SERVER}/postgres", connect_timeout=2).close()
+            return
+        except psycopg.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def _execute(statements: list[str]) -> None:
+    """Run ``statements`` on the server, each ``RESTART`` restarting it."""
+    import psycopg
+
+    runs: list[list[str]] = [[]]  # the statements between restarts
+    for statement in statements:
+        if statement == RESTART:
+            runs.append([])
+        else:
+            runs[-1].append(statement)
+    for index, run in enumerate(runs):
+        if index:
+            restart_server()
+        if run:
+            with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
+                for statement in run:
+                    conn.execute(statement)
 
 
 @contextlib.contextmanager
@@ -112,20 +192,23 @@ def server_settings(**wanted: str):
     """
     import psycopg
 
+    with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
+        switches = [
+            SWITCHES[name](value, *conn.execute(_SETTING_SQL, [name]).fetchone())
+            for name, value in wanted.items()
+        ]
+    if any(RESTART in enter for enter, _ in switches):
+        local_cluster()  # says why not before anything is changed
     leave_all: list[str] = []
     try:
-        with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
-            for name, value in wanted.items():
-                before, in_auto_conf = conn.execute(_SETTING_SQL, [name]).fetchone()
-                enter, leave = SWITCHES[name](value, before, in_auto_conf)
-                # known before it is applied: a later setting that fails puts
-                # this one back too
-                leave_all = leave + leave_all
-                for statement in enter:
-                    conn.execute(statement)
+        for enter, leave in switches:
+            # known before it is applied: a later setting that fails puts
+            # this one back too
+            leave_all = leave + leave_all
+            _execute(enter)
         yield
     finally:
-        if leave_all:
-            with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
-                for statement in leave_all:
-                    conn.execute(statement)
+        # one restart for the lot, after the statements (a reload before it is moot)
+        if RESTART in leave_all:
+            leave_all = [s for s in leave_all if s not in (RESTART, RELOAD)] + [RESTART]
+        _execute(leave_all)

@@ -104,7 +104,16 @@ def machine() -> dict:
         pg_settings = dict(
             conn.execute(
                 "SELECT name, current_setting(name) FROM pg_settings WHERE name = ANY(%s)",
-                [["autovacuum", "fsync", "synchronous_commit", "shared_buffers", "max_wal_size"]],
+                [
+                    [
+                        "autovacuum",
+                        "fsync",
+                        "synchronous_commit",
+                        "shared_buffers",
+                        "max_wal_size",
+                        "track_commit_timestamp",
+                    ]
+                ],
             ).fetchall()
         )
     return {

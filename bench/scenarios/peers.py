@@ -36,6 +36,7 @@ import sys
 import time
 from datetime import datetime, timedelta
 
+from bench.harness.clock import COMMITTED_AT_SQL
 from bench.harness.clock import clock_timestamp as db_now
 from bench.harness.db import prepare
 from bench.harness.load import fund_accounts
@@ -77,13 +78,16 @@ def counts(peer: str) -> tuple[int, int]:
     return rows, distinct
 
 
-def first_executions(peer: str) -> list[tuple[datetime, datetime]]:
-    """(due_at, first executed_at) per payment: lateness counts each payment once."""
+def first_executions(peer: str, *, committed: bool = False) -> list[tuple[datetime, datetime]]:
+    """(due_at, first executed_at) per payment: lateness counts each payment once;
+    ``committed``: the first execution's commit time instead (None where the server
+    did not record it: ``bench.harness.clock.COMMITTED_AT_SQL``)."""
     from django.db import connection
 
+    ran = COMMITTED_AT_SQL.format(table="bench_peer_execution") if committed else "executed_at"
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT min(due_at), min(executed_at) FROM bench_peer_execution"
+            f"SELECT min(due_at), min({ran}) FROM bench_peer_execution"  # a constant
             " WHERE peer = %s GROUP BY payment_no",
             [peer],
         )

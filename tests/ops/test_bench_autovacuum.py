@@ -106,3 +106,119 @@ def test_a_setting_that_fails_to_apply_puts_back_those_applied_before_it(monkeyp
         "ALTER SYSTEM RESET autovacuum",
         RELOAD,
     ]
+
+
+# ---------------------------------------------------------------- commit times
+RESTART = "-- restart the server"
+
+
+def test_commit_timestamps_restart_the_server_to_take_and_to_put_back():
+    """track_commit_timestamp is read at server start only: a reload would leave
+    the run without it (and the harness reading NULLs)."""
+    from bench.harness.db import RESTART as marker
+    from bench.harness.db import commit_timestamps_switch
+
+    assert marker == RESTART
+    assert commit_timestamps_switch("on", "off", in_auto_conf=False) == (
+        ["ALTER SYSTEM SET track_commit_timestamp = 'on'", RESTART],
+        ["ALTER SYSTEM RESET track_commit_timestamp", RESTART],
+    )
+    assert commit_timestamps_switch("on", "on", in_auto_conf=False) == ([], [])
+    assert commit_timestamps_switch("server", "off", in_auto_conf=False) == ([], [])
+    with pytest.raises(ValueError, match="commit timestamps"):
+        commit_timestamps_switch("off", "on", in_auto_conf=False)
+
+
+def _fake_server(monkeypatch, before: dict[str, str], sent: list[str]):
+    import contextlib
+
+    import psycopg
+
+    from bench.harness import db
+
+    class Server:
+        def execute(self, statement, params=None):
+            if statement.startswith("\nSELECT current_setting"):
+                value = before[params[0]]
+                return type("Row", (), {"fetchone": lambda self: (value, False)})()
+            sent.append(statement)
+
+    @contextlib.contextmanager
+    def connect(*args, **kwargs):
+        yield Server()
+
+    monkeypatch.setattr(psycopg, "connect", connect)
+    monkeypatch.setattr(db, "restart_server", lambda: sent.append(RESTART))
+
+
+def test_the_run_restarts_once_to_take_commit_times_and_once_after_everything_is_put_back(
+    monkeypatch,
+):
+    from bench.harness import db
+
+    sent: list[str] = []
+    _fake_server(
+        monkeypatch,
+        {"autovacuum": "off", "max_wal_size": "1GB", "track_commit_timestamp": "off"},
+        sent,
+    )
+    monkeypatch.setattr(db, "local_cluster", lambda: ["pg_ctlcluster"])
+    with db.server_settings(autovacuum="on", max_wal_size="8GB", track_commit_timestamp="on"):
+        assert sent == [
+            "ALTER SYSTEM SET autovacuum = 'on'",
+            RELOAD,
+            "ALTER SYSTEM SET max_wal_size = '8GB'",
+            RELOAD,
+            "ALTER SYSTEM SET track_commit_timestamp = 'on'",
+            RESTART,
+        ]
+        sent.clear()
+    assert sent == [
+        "ALTER SYSTEM RESET track_commit_timestamp",
+        "ALTER SYSTEM RESET max_wal_size",
+        "ALTER SYSTEM RESET autovacuum",
+        RESTART,
+    ]
+
+
+def test_a_server_the_harness_cannot_restart_is_refused_before_anything_changes(monkeypatch):
+    from bench.harness import db
+
+    sent: list[str] = []
+    _fake_server(monkeypatch, {"autovacuum": "off", "track_commit_timestamp": "off"}, sent)
+    monkeypatch.setattr(db, "PG_SERVER", "postgres://bench@db.example:5432")
+    with (
+        pytest.raises(RuntimeError, match="not this host's"),
+        db.server_settings(autovacuum="on", track_commit_timestamp="on"),
+    ):
+        pytest.fail("the run started")
+    assert sent == []
+
+
+def test_auto_commit_timestamps_fall_back_to_the_server_as_configured(monkeypatch, capsys):
+    from bench import run
+
+    def cannot():
+        raise RuntimeError("no Debian PostgreSQL cluster (pg_ctlcluster) on this host")
+
+    monkeypatch.setattr(run, "local_cluster", cannot)
+    assert run.commit_timestamps("auto") == "server"
+    assert "not recorded" in capsys.readouterr().out
+    assert run.commit_timestamps("on") == "on"
+    monkeypatch.setattr(run, "local_cluster", lambda: ["pg_ctlcluster"])
+    assert run.commit_timestamps("auto") == "on"
+
+
+@pytest.mark.django_db
+def test_commit_times_read_as_the_server_records_them():
+    """The capacity scenario's query runs on any server: NULL where commit times
+    are not recorded (pg_xact_commit_timestamp raises there), a time where they are."""
+    from bench.harness.clock import commit_timestamps_on, committed_at
+    from ledger.models import Account
+    from tests.factories import AccountFactory
+
+    AccountFactory()
+    (committed,) = Account.objects.annotate(c=committed_at("ledger_account")).values_list(
+        "c", flat=True
+    )
+    assert (committed is not None) == commit_timestamps_on()
