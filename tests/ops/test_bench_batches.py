@@ -148,3 +148,19 @@ def test_a_snapshot_reads_as_the_directory_did_when_it_was_taken(tmp_path):
     assert [read(snapshot) for read in readers] == then  # a copy, not a view
     assert multiprocess_histogram_totals(path, BATCH_SIZE_METRIC) == (3, 285)
     assert multiprocess_histogram(snapshot, "payments_other_histogram") is None
+
+
+def test_the_lateness_cell_shows_the_commit_s_where_recorded():
+    """Lateness to the commit (track_commit_timestamp on) beside lateness to the
+    lock; a step of a run without commit times shows the lock's alone."""
+    cap = json.loads(REPORT.read_text())["results"]["capacity"]
+    run, _ = cap["ours"]
+    with_commit = copy.deepcopy(run)
+    with_commit["lateness_to_commit_seconds"] = {"p50": 0.2, "p95": 0.5, "p99": 0.95}
+    cap["ours"] = [run, with_commit]
+    lines = capacity_markdown(cap)
+    header = lines.index(next(line for line in lines if line.startswith("| due rate")))
+    column = cells(lines[header]).index("lateness p50 / p95 / p99 (s) [to the commit]")
+    without, recorded = (cells(row)[column] for row in lines[header + 2 : header + 4])
+    assert "[" not in without
+    assert recorded == without + " [0.2 / 0.5 / 0.95]"
