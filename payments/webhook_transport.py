@@ -194,8 +194,17 @@ def parse_target(url: str) -> Target:
     path = parts.path or "/"
     if parts.query:
         path += "?" + parts.query
+    # The request line is ASCII: anything else (``/café``, a space) goes
+    # percent-encoded, as a browser sends it; what is already encoded and the
+    # URL's own delimiters stay as they are. Unencoded, http.client could not
+    # send it and every attempt failed as connection_failed (a review, session 42).
+    path = urllib.parse.quote(path, safe=_PATH_SAFE)
     default_port = 443 if parts.scheme == "https" else 80
     return Target(parts.scheme, host, port or default_port, path, allowlisted)
+
+
+# RFC 3986's reserved and unreserved characters, and ``%`` (already encoded)
+_PATH_SAFE = "/?#[]@!$&'()*+,;=%:~-._"
 
 
 def _allowlisted(host: str, ip) -> bool:
@@ -472,5 +481,18 @@ def post(url: str, body: bytes, headers: dict, *, budget: float) -> Outcome:
 
 def _failed(error: str, url: str, exc: BaseException) -> Outcome:
     # The raw reason stays on the server: operators need it, clients must not see it.
-    logger.info("webhook request to %s failed (%s): %r", url, error, exc)
+    # The URL without its path and query: receivers put tokens there (?token=…),
+    # which have no place in our logs.
+    logger.info("webhook request to %s failed (%s): %r", _origin(url), error, exc)
     return Outcome(None, error)
+
+
+def _origin(url: str) -> str:
+    """``scheme://host[:port]`` of ``url``, for logs (no user info, path or query)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "(an unreadable URL)"
+    return f"{parts.scheme}://{host}{port}"

@@ -7,6 +7,7 @@ laptop with only Python can run web + worker + beat. Production and the test
 suite use PostgreSQL and Redis.
 """
 
+import base64
 import ipaddress
 from datetime import timedelta
 from pathlib import Path
@@ -653,6 +654,19 @@ WEBHOOK_CIRCUIT_COOLDOWN_SECONDS = env.float("WEBHOOK_CIRCUIT_COOLDOWN_SECONDS",
 # Unset: one key derived from SECRET_KEY (HKDF), so rotating SECRET_KEY would
 # make stored secrets unreadable; set a dedicated key in production.
 WEBHOOK_SECRET_KEYS = env.list("WEBHOOK_SECRET_KEYS", default=[])
+# A key that is not one failed every registration (500) and every delivery
+# (retried for ever): refused at start instead, naming its position, not its value.
+for _index, _key in enumerate(k.strip() for k in WEBHOOK_SECRET_KEYS):
+    try:
+        if _key and len(base64.urlsafe_b64decode(_key.encode("ascii"))) == 32:
+            continue
+    except ValueError:
+        pass
+    if _key:
+        raise ImproperlyConfigured(
+            f"WEBHOOK_SECRET_KEYS: key {_index + 1} is not a Fernet key "
+            "(32 bytes in URL-safe base64, e.g. from Fernet.generate_key())."
+        )
 # Shared secret for POST /api/v1/internal/payments/{id}/execute (unset = disabled).
 INTERNAL_API_TOKEN = env.str("INTERNAL_API_TOKEN", default="")
 

@@ -579,7 +579,8 @@ def test_alert_rules_parse_and_name_existing_metrics(client):
         assert alert["expr"] and alert["annotations"]["summary"]
         referenced = {
             w
-            for w in re.findall(r"\b([a-z_][a-z0-9_]*)\b", alert["expr"])
+            # label values ("gave_up") are not names: quoted strings left out
+            for w in re.findall(r"\b([a-z_][a-z0-9_]*)\b", re.sub(r'"[^"]*"', "", alert["expr"]))
             if "_" in w and w not in promql_words
         }
         assert referenced, alert["alert"]

@@ -1,0 +1,229 @@
+"""Webhook delivery where it meets the unexpected: a URL outside ASCII, a delete
+racing an attempt, an attempt that never records its outcome, a backlog beside a
+recovered endpoint, a fixed URL behind an open circuit, tokens in a URL's query.
+
+Each was found by a review (session 42) and failed before its fix.
+"""
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from payments import metrics, webhook_secrets, webhook_transport, webhooks
+from payments.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from tests.payments.test_webhooks import cancelled_deliveries, due_now, register
+from tests.processes import ROOT
+
+pytestmark = pytest.mark.django_db
+
+
+def gave_up() -> float:
+    return metrics.webhook_deliveries.labels(outcome="gave_up")._value.get()
+
+
+def test_a_url_outside_ascii_is_delivered_percent_encoded(alice, receiver):
+    """http.client sends an ASCII request line: ``/café`` used to fail every
+    attempt as connection_failed while the receiver was up."""
+    register(alice, receiver.url + "/caf\u00e9/a%20b?x=\u00fc&y=1")
+    (delivery,) = cancelled_deliveries(alice, 1)
+    assert webhooks.deliver(delivery.pk) == "succeeded"
+    ((_, _, path),) = receiver.requests
+    assert path.endswith("/caf%C3%A9/a%20b?x=%C3%BC&y=1")  # what was encoded stays so
+
+
+def test_a_failed_request_logs_the_origin_not_the_path_or_query(alice, caplog, settings):
+    """Receivers put tokens in their URLs (``?token=…``): not in our logs."""
+    register(alice, "http://127.0.0.1:9/hooks/s3cr3t-path?token=s3cr3t")
+    (delivery,) = cancelled_deliveries(alice, 1)
+    with caplog.at_level(logging.INFO, logger="payments.webhook_transport"):
+        assert webhooks.deliver(delivery.pk) == "pending"
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "http://127.0.0.1:9 failed (connection_failed)" in logged
+    assert "s3cr3t" not in logged
+
+
+def test_an_attempt_that_raises_is_recorded_and_the_cap_still_holds(alice, receiver, settings):
+    """Our side raising between the claim and the request (here the secret's
+    decryption, as a malformed key did) is an attempt like any other: recorded,
+    not counted against the endpoint's circuit, and the delivery fails at the
+    cap — it used to be offered again for ever, no attempt row written."""
+    settings.WEBHOOK_MAX_ATTEMPTS = 2
+    register(alice, receiver.url)
+    (delivery,) = cancelled_deliveries(alice, 1)
+
+    def broken(ciphertext):
+        raise ValueError("Fernet key must be 32 url-safe base64-encoded bytes.")
+
+    real = webhook_secrets.decrypt
+    webhook_secrets.decrypt = broken
+    try:
+        before = gave_up()
+        assert webhooks.deliver(delivery.pk) == "pending"
+        due_now(delivery)
+        assert webhooks.deliver(delivery.pk) == "failed"
+    finally:
+        webhook_secrets.decrypt = real
+    assert gave_up() == before + 1
+    errors = WebhookAttempt.objects.filter(delivery=delivery).values_list("error", flat=True)
+    assert list(errors) == ["attempt_error"] * 2
+    assert receiver.requests == []
+    endpoint = WebhookEndpoint.objects.get()
+    assert (endpoint.consecutive_failures, endpoint.circuit_open_until) == (0, None)
+
+
+def test_a_claim_whose_outcome_was_never_recorded_counts_against_the_cap(alice, receiver, settings):
+    """A worker killed after its claim (attempt counted, lease set) records
+    nothing: once every attempt is spent the next claim gives up, without a
+    request, instead of trying an attempt beyond the cap."""
+    settings.WEBHOOK_MAX_ATTEMPTS = 2
+    register(alice, receiver.url)
+    (delivery,) = cancelled_deliveries(alice, 1)
+    for _ in range(2):
+        assert isinstance(webhooks._claim(delivery.pk), webhooks._Claim)  # ... and killed
+        due_now(delivery)  # the lease runs out
+    before = gave_up()
+    assert webhooks.deliver(delivery.pk) == "failed"
+    assert gave_up() == before + 1
+    delivery.refresh_from_db()
+    assert (delivery.attempts, delivery.last_error) == (2, "attempt_error")
+    assert receiver.requests == []
+
+
+def test_a_malformed_secret_key_is_refused_at_start_naming_its_place_not_its_value():
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "scheduler_project.settings.base",
+        "SECRET_KEY": "test-only",
+        "WEBHOOK_SECRET_KEYS": f"{'A' * 43}=,not-a-key-0123456789",
+    }
+    run = subprocess.run(
+        [sys.executable, "-c", "from django.conf import settings; settings.INSTALLED_APPS"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode != 0
+    assert "WEBHOOK_SECRET_KEYS: key 2 is not a Fernet key" in run.stderr
+    assert "not-a-key" not in run.stderr
+
+
+def test_a_recovered_endpoint_gets_its_probe_beside_another_clients_backlog(alice, bob, receiver):
+    """Probes come first in the beat's offer (up to half of it): a backlog of due
+    deliveries at closed endpoints took the whole offer, and no recovered
+    endpoint of another client got its probe while it lasted."""
+    register(alice, receiver.url)
+    register(bob, receiver.url)
+    alices = cancelled_deliveries(alice, 4)
+    bobs = [d for d in cancelled_deliveries(bob, 1) if d.pk not in {a.pk for a in alices}]
+    WebhookEndpoint.objects.filter(client=bob.user).update(circuit_open_until=timezone.now())
+    due_now(*alices, *bobs)
+    offered = webhooks.due_delivery_ids(limit=4)
+    assert str(bobs[0].pk) in offered and len(offered) == 4
+
+
+def test_a_new_url_starts_with_its_circuit_closed_and_the_put_off_deliveries_due(
+    alice, receiver, settings
+):
+    """A client fixing a typo'd URL whose failures opened the circuit: the fixed
+    URL is called at once, not after the old one's cool-down (up to an hour)."""
+    settings.WEBHOOK_CIRCUIT_FAILURES = 1
+    eid = register(alice, "http://127.0.0.1:9/typo")["webhook_endpoint_id"]
+    first, second = cancelled_deliveries(alice, 2)
+    assert webhooks.deliver(first.pk) == "pending"  # refused: the circuit opens
+    due_now(first, second)
+    assert webhooks.deliver(second.pk) is None  # put off to the circuit's end
+    second.refresh_from_db()
+    assert second.next_attempt_at > timezone.now() + timedelta(seconds=30)
+    fixed = alice.api.patch(
+        f"/api/v1/webhook-endpoints/{eid}", {"url": receiver.url}, format="json"
+    )
+    assert fixed.status_code == 200, fixed.content
+    endpoint = WebhookEndpoint.objects.get()
+    assert (endpoint.consecutive_failures, endpoint.circuit_opens) == (0, 0)
+    assert endpoint.circuit_open_until is None
+    assert webhooks.deliver(second.pk) == "succeeded"
+    # the same URL again resets nothing: only a change does
+    WebhookEndpoint.objects.update(consecutive_failures=3)
+    alice.api.patch(f"/api/v1/webhook-endpoints/{eid}", {"url": receiver.url}, format="json")
+    assert WebhookEndpoint.objects.get().consecutive_failures == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_deleting_an_endpoint_while_an_attempt_is_being_recorded_waits_for_it(
+    alice, receiver, monkeypatch
+):
+    """The delete's cascade missed the attempt row a worker was committing and
+    failed at commit (a 500); now it waits for the worker's hold on the endpoint
+    row and deletes the attempt with the rest."""
+    eid = register(alice, receiver.url)["webhook_endpoint_id"]
+    (delivery,) = cancelled_deliveries(alice, 1)
+    entered, go = threading.Event(), threading.Event()
+    real = webhooks._record_circuit
+
+    def held(*args, **kwargs):  # inside the outcome's transaction
+        entered.set()
+        go.wait(10)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(webhooks, "_record_circuit", held)
+    out = {}
+
+    def work():
+        try:
+            out["deliver"] = webhooks.deliver(delivery.pk)
+        finally:
+            from django.db import connection
+
+            connection.close()
+
+    def delete():
+        try:
+            out["delete"] = alice.api.delete(f"/api/v1/webhook-endpoints/{eid}").status_code
+        finally:
+            from django.db import connection
+
+            connection.close()
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    assert entered.wait(10)
+    deleter = threading.Thread(target=delete)
+    deleter.start()
+    time.sleep(0.5)
+    go.set()
+    worker.join(20)
+    deleter.join(20)
+    assert out == {"deliver": "succeeded", "delete": 204}
+    assert not WebhookEndpoint.objects.exists()
+    assert not WebhookDelivery.objects.exists() and not WebhookAttempt.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_endpoint_deleted_during_the_request_leaves_nothing_to_record(alice, receiver):
+    """The client deletes the endpoint while its request is in flight: the
+    outcome is dropped with it (it used to fail on the deleted delivery)."""
+    eid = register(alice, receiver.url)["webhook_endpoint_id"]
+    (delivery,) = cancelled_deliveries(alice, 1)
+    real = webhook_transport.post
+
+    def post(*args, **kwargs):
+        outcome = real(*args, **kwargs)
+        assert alice.api.delete(f"/api/v1/webhook-endpoints/{eid}").status_code == 204
+        return outcome
+
+    webhook_transport.post = post
+    try:
+        assert webhooks.deliver(delivery.pk) is None
+    finally:
+        webhook_transport.post = real
+    assert len(receiver.requests) == 1
+    assert not WebhookDelivery.objects.exists() and not WebhookAttempt.objects.exists()
