@@ -12,6 +12,7 @@ from django.db import connections
 from django.db.models import CharField, DateTimeField, F, Field, Func, QuerySet, UUIDField, Value
 from django.db.models.lookups import LessThan
 
+from ledger.models import Account
 from scheduler_project.rows import RowReader
 
 from .exceptions import InvalidRequest, NotFound
@@ -88,6 +89,11 @@ def payment_list(
     """
     qs = payments_for_client(client)
     if account_id is not None:
+        if not Account.objects.filter(pk=account_id, owner=client).exists():
+            # Not the client's (or no such account): nothing to list, and no
+            # scan — filtered on the owner's index, another client's account
+            # read every payment of the caller to return an empty page
+            return [], None
         qs = qs.filter(from_account_id=account_id)
     if status:
         qs = qs.filter(status=status)
@@ -161,11 +167,16 @@ def newest_first_page(qs: QuerySet, *, cursor: str | None, limit: int) -> tuple[
     return cut_page(rows, limit, lambda row: (row.created_at, row.pk))
 
 
-def id_desc_page(qs: QuerySet, *, cursor: str | None, limit: int) -> tuple[list, str | None]:
-    """Keyset page on an integer id, descending; the cursor is ``encode_cursor(id)``."""
+def id_page(
+    qs: QuerySet, *, cursor: str | None, limit: int, oldest_first: bool = False
+) -> tuple[list, str | None]:
+    """Keyset page on an integer id, newest first (or ``oldest_first``); the
+    cursor is ``encode_cursor(id)``."""
     if cursor:
-        qs = qs.filter(pk__lt=decode_id_cursor(cursor))
-    return cut_page(list(qs.order_by("-pk")[: limit + 1]), limit, lambda row: (row.pk,))
+        after = decode_id_cursor(cursor)
+        qs = qs.filter(pk__gt=after) if oldest_first else qs.filter(pk__lt=after)
+    rows = list(qs.order_by("pk" if oldest_first else "-pk")[: limit + 1])
+    return cut_page(rows, limit, lambda row: (row.pk,))
 
 
 def cut_page(rows: list, limit: int, key) -> tuple[list, str | None]:

@@ -11,7 +11,7 @@ from rest_framework.views import APIView
 from .. import services, webhooks
 from ..exceptions import NotFound
 from ..models import RecurringOccurrence, RecurringPayment
-from ..selectors import id_desc_page, newest_first_page
+from ..selectors import id_page, newest_first_page
 from . import serializers as s
 from .auth import OneAtATime, WebhookEndpointWriteThrottle
 from .schema import api_operation
@@ -159,7 +159,7 @@ class RecurringOccurrencesView(APIView):
     def get(self, request, recurring_id):
         schedule = _owned(request, recurring_id)
         query = parse_query(s.StatementQuery, request)
-        rows, next_cursor = id_desc_page(
+        rows, next_cursor = id_page(
             RecurringOccurrence.objects.filter(recurring=schedule).select_related("payment"),
             cursor=query.get("cursor"),
             limit=query["limit"],

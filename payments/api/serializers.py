@@ -159,6 +159,11 @@ class StatementQuery(StrictSerializer):
     cursor = serializers.CharField(required=False, max_length=200)
 
 
+class EventsQuery(StrictSerializer):
+    limit = serializers.IntegerField(required=False, min_value=1, max_value=100, default=100)
+    cursor = serializers.CharField(required=False, max_length=200)
+
+
 class PaymentOutput(serializers.Serializer):
     payment_id = serializers.UUIDField(source="id")
     from_account_id = serializers.IntegerField()
@@ -268,6 +273,7 @@ class AttemptOutput(serializers.Serializer):
 
 class EventListOutput(serializers.Serializer):
     events = EventOutput(many=True)
+    next_cursor = serializers.CharField(allow_null=True)
 
 
 class AttemptListOutput(serializers.Serializer):

@@ -70,8 +70,7 @@ def idempotent(handler=None, *, stored_body=None):
             # An id with U+0000 names nothing. Answer before the key is claimed:
             # a stored response quoting it would not fit in jsonb (a 500).
             raise NotFound("Not found.")
-        body = request.data if request.content_type.startswith("application/json") else None
-        fingerprint = request_fingerprint(request.method, request.path, body)
+        fingerprint = request_fingerprint(request.method, request.path, _fingerprinted(request))
         claim = idempotency_begin(client=request.user, key=key, fingerprint=fingerprint)
         if claim.replay:
             return Response(
@@ -112,6 +111,22 @@ def idempotent(handler=None, *, stored_body=None):
             raise
 
     return wrapper
+
+
+def _fingerprinted(request):
+    """The body an Idempotency-Key's fingerprint covers: what the parser made of
+    it, whatever the spelling of its media type (``Application/JSON``, ``*/*``:
+    the parser takes them; checking the raw header for ``application/json``
+    left such bodies out of the fingerprint, so the same key with another
+    amount replayed the first answer). None where nothing was parsed — no body,
+    or a media type no parser takes (the handler answers 415) — as before."""
+    try:
+        data = request.data
+    except UnsupportedMediaType:
+        return None
+    if not data and not request.content_type.startswith("application/json"):
+        return None  # no body: fingerprinted as before this rule, keys in flight keep theirs
+    return data
 
 
 def parse(serializer_class, data):
@@ -266,16 +281,28 @@ class PaymentCancelView(APIView):
 class PaymentEventsView(APIView):
     @api_operation(
         operation_id="payments_events",
-        summary="Audit trail of a payment",
+        summary="Audit trail of a payment, oldest first",
+        parameters=[s.EventsQuery],
         responses={200: s.EventListOutput},
-        errors={404: ["not_found"]},
+        errors={400: ["validation_error"], 404: ["not_found"]},
     )
     def get(self, request, payment_id):
+        query = parse_query(s.EventsQuery, request)
         payment = selectors.payment_get(
             client=request.user, payment_id=parse_payment_id(payment_id)
         )
-        events = payment.events.order_by("pk")
-        return Response({"events": s.EventOutput(events, many=True).data})
+        # a page at a time: every PATCH adds an event, so a payment's trail has
+        # no bound of its own (one response of all of it held a web thread and
+        # memory in proportion: a review, session 42)
+        events, next_cursor = selectors.id_page(
+            payment.events.all(),
+            cursor=query.get("cursor"),
+            limit=query["limit"],
+            oldest_first=True,
+        )
+        return Response(
+            {"events": s.EventOutput(events, many=True).data, "next_cursor": next_cursor}
+        )
 
 
 class PaymentAttemptsView(APIView):

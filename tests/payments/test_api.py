@@ -554,6 +554,43 @@ def test_events_and_attempts(alice):
     assert alice.api.get(f"/api/v1/payments/{payment_id}/attempts").json() == {"attempts": []}
 
 
+def test_a_long_audit_trail_is_read_a_page_at_a_time_oldest_first(alice):
+    """Every PATCH adds an event, so a trail has no bound of its own: the events
+    come 100 a page (``limit`` up to 100) with a ``next_cursor``, oldest first;
+    walking the pages gives every event once, in order (a review, session 42:
+    one response held all 5,004 of them)."""
+    payment_id = alice.schedule().json()["payment_id"]
+    payment = Payment.objects.get(pk=payment_id)
+    PaymentEvent.objects.bulk_create(
+        PaymentEvent(
+            payment=payment,
+            type="description_changed",
+            from_status="PENDING",
+            to_status="PENDING",
+            actor="client",
+            data={"n": n},
+        )
+        for n in range(230)
+    )
+    url = f"/api/v1/payments/{payment_id}/events"
+    first = alice.api.get(url).json()
+    assert len(first["events"]) == 100 and first["next_cursor"]
+    assert first["events"][0]["type"] == "scheduled"
+    seen, cursor = [], None
+    while True:
+        page = alice.api.get(url, {"limit": 40, **({"cursor": cursor} if cursor else {})}).json()
+        assert len(page["events"]) <= 40
+        seen += page["events"]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert [e["data"].get("n") for e in seen] == [None, *range(230)]
+    ids = [e["event_id"] for e in seen]
+    assert ids == sorted(ids)
+    for bad in ({"cursor": "nope"}, {"limit": 0}, {"limit": 101}, {"after": 1}):
+        error(alice.api.get(url, bad), 400, "validation_error")
+
+
 def test_the_history_a_client_reads_names_no_host_or_process(alice, monkeypatch):
     """Which host and process ran an attempt is kept for staff (admin, database),
     not shown to clients: attempts had ``worker`` and executed events its

@@ -78,6 +78,44 @@ class TestSemantics:
         assert again["Idempotent-Replayed"] == "true"
         assert Payment.objects.count() == 1
 
+    @pytest.mark.parametrize(
+        "media_type",
+        ["Application/JSON", "APPLICATION/JSON; charset=utf-8", "application/*", "*/*"],
+    )
+    def test_another_body_under_any_spelling_of_json_is_refused(self, alice, media_type):
+        """The parser takes any spelling of the media type it parses (a review,
+        session 42): the fingerprint covers what it parsed. Checking the raw
+        header for ``application/json`` left these bodies out, and the same key
+        with amount 9,000 replayed the first answer (amount 100) as if done."""
+        headers = {"Idempotency-Key": "spelled"}
+        first = alice.api.post(
+            SCHEDULE, json.dumps(schedule_body(alice)), content_type=media_type, headers=headers
+        )
+        assert first.status_code == 201, first.content
+        other = json.dumps(schedule_body(alice, amount=9_000))
+        refused = alice.api.post(SCHEDULE, other, content_type=media_type, headers=headers)
+        error(refused, 422, "idempotency_key_reused")
+        same = json.dumps(schedule_body(alice))
+        again = alice.api.post(SCHEDULE, same, content_type=media_type, headers=headers)
+        assert again.status_code == 201 and again["Idempotent-Replayed"] == "true"
+        assert list(Payment.objects.values_list("amount", flat=True)) == [100]
+
+    def test_a_bodyless_request_keeps_the_fingerprint_it_had(self):
+        """Keys stored before the parsed-body rule stay replayable: a request
+        without a body is fingerprinted with no body, as it always was."""
+        from rest_framework.request import Request
+        from rest_framework.test import APIRequestFactory
+
+        from payments.api.parsers import JSONParser
+        from payments.api.views import _fingerprinted
+
+        request = Request(APIRequestFactory().delete("/x"), parsers=[JSONParser()])
+        assert _fingerprinted(request) is None
+        form = APIRequestFactory().post(
+            "/x", "a=1", content_type="application/x-www-form-urlencoded"
+        )
+        assert _fingerprinted(Request(form, parsers=[JSONParser()])) is None
+
     def test_key_is_scoped_to_the_client(self, alice, bob):
         assert alice.schedule(headers={"Idempotency-Key": "shared"}).status_code == 201
         response = bob.schedule(headers={"Idempotency-Key": "shared"})

@@ -145,6 +145,24 @@ def test_account_filter_reads_one_page_from_the_account_index(histories):
 
 
 @pytest.mark.postgres
+def test_another_clients_account_as_the_filter_reads_no_payment(histories):
+    """Account ids are sequential: filtered on the owner's index, a neighbour's
+    busy account read all 20,000 of the caller's payments to return an empty
+    page (a review, session 42). Not the caller's: an empty page, one lookup."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from ledger.models import Account
+
+    owner, _ = histories
+    neighbours = Account.objects.filter(owner__username="neighbour").values_list("pk", flat=True)
+    for account_id in [*neighbours, 10**12]:
+        with CaptureQueriesContext(connection) as queries:
+            assert payment_list(client=owner, account_id=account_id, limit=LIMIT) == ([], None)
+        assert not [q for q in queries if "payments_payment" in q["sql"]], queries.captured_queries
+
+
+@pytest.mark.postgres
 def test_deep_pages_are_the_same_rows_as_walking_the_pages(histories):
     """The cursor condition is exact: no row is skipped or repeated at a page edge."""
     owner, _ = histories
