@@ -19,6 +19,7 @@ apply to them.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import heapq
 import itertools
@@ -26,7 +27,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from croniter import CroniterError, croniter
 
@@ -38,7 +39,23 @@ AMBIGUOUS_POLICIES = ("first", "last", "both")
 MAX_GAP = timedelta(hours=3)  # longest DST gap searched when shifting
 
 
+# Names a host's zoneinfo answers that are not a place's calendar: "localtime"
+# is whatever /etc/localtime of the host evaluating it says (two materialisers
+# on hosts set differently would disagree on an occurrence's instant),
+# "posixrules" the host's default rules, "Factory" a placeholder; the posix/
+# and right/ trees (leap seconds) are the host's too.
+HOST_ZONES = frozenset({"localtime", "posixrules", "Factory"})
+
+
+@functools.cache
+def _places() -> frozenset[str]:
+    """The IANA zone names of this host's tz database (read once a process)."""
+    return frozenset(available_timezones()) - HOST_ZONES
+
+
 def zone(name: str) -> ZoneInfo:
+    if name not in _places():
+        raise InvalidSchedule(f"Unknown time zone {name!r}.")
     try:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, OSError):

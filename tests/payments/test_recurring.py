@@ -89,6 +89,13 @@ def test_occurrence_history_pages_newest_first_without_gaps(alice):
         ({"cron": "* * * *"}, "cron"),
         ({"interval_seconds": 3600}, "cron"),  # both
         ({"timezone": "Mars/Base"}, "timezone"),
+        # the host's own, not a place's (a review, session 42): two hosts set
+        # differently would put one occurrence at two instants
+        ({"timezone": "localtime"}, "timezone"),
+        ({"timezone": "posixrules"}, "timezone"),
+        ({"timezone": "Factory"}, "timezone"),
+        ({"timezone": "right/UTC"}, "timezone"),
+        ({"timezone": "posix/Europe/Paris"}, "timezone"),
         ({"cron": None}, "cron"),
         ({"amount": 0}, "amount"),
         ({"jitter_seconds": -1}, "jitter_seconds"),
