@@ -220,7 +220,8 @@ class PaymentDetailView(APIView):
         errors={
             404: ["not_found"],
             409: ["payment_not_modifiable"],
-            422: ["insufficient_funds"],
+            # a changed amount places a new hold: a frozen source refuses it
+            422: ["insufficient_funds", "account_not_active"],
         },
     )
     @idempotent
