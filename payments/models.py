@@ -632,7 +632,10 @@ class WebhookDelivery(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     endpoint = models.ForeignKey(
-        WebhookEndpoint, on_delete=models.CASCADE, related_name="deliveries"
+        WebhookEndpoint,
+        on_delete=models.CASCADE,
+        related_name="deliveries",
+        db_index=False,  # webhook_delivery_log leads with it
     )
     event = models.ForeignKey(
         WebhookEvent,
@@ -665,7 +668,11 @@ class WebhookDelivery(models.Model):
                 fields=["next_attempt_at"],
                 condition=Q(status="pending"),
                 name="webhook_pending_next_attempt",
-            )
+            ),
+            # the delivery log's keyset pages (and the endpoint's foreign key)
+            models.Index(
+                fields=["endpoint", "-created_at", "-id"], name="webhook_delivery_log"
+            ),
         ]
 
     def __str__(self) -> str:

@@ -301,12 +301,23 @@ class WebhookDeliveriesView(APIView):
     @api_operation(
         operation_id="webhook_endpoints_deliveries",
         summary="Delivery log of a webhook endpoint, newest first",
+        parameters=[s.LogQuery],
         responses={200: s.WebhookDeliveryListOutput},
-        errors={404: ["not_found"]},
+        errors={400: ["validation_error"], 404: ["not_found"]},
     )
     def get(self, request, endpoint_id):
+        query = parse_query(s.LogQuery, request)
         endpoint = webhooks.endpoint_get(
             client=request.user, endpoint_id=parse_uuid(endpoint_id, "Webhook endpoint")
         )
-        deliveries = endpoint.deliveries.order_by("-created_at")[:100]
-        return Response({"deliveries": s.WebhookDeliveryOutput(deliveries, many=True).data})
+        # a page at a time on (endpoint, created_at DESC, id DESC): it sorted
+        # every delivery of the endpoint for the newest 100, and showed no more
+        deliveries, next_cursor = newest_first_page(
+            endpoint.deliveries.all(), cursor=query.get("cursor"), limit=query["limit"]
+        )
+        return Response(
+            {
+                "deliveries": s.WebhookDeliveryOutput(deliveries, many=True).data,
+                "next_cursor": next_cursor,
+            }
+        )

@@ -159,7 +159,9 @@ class StatementQuery(StrictSerializer):
     cursor = serializers.CharField(required=False, max_length=200)
 
 
-class EventsQuery(StrictSerializer):
+class LogQuery(StrictSerializer):
+    """A page of a log (a payment's events, an endpoint's deliveries): 100 by default."""
+
     limit = serializers.IntegerField(required=False, min_value=1, max_value=100, default=100)
     cursor = serializers.CharField(required=False, max_length=200)
 
@@ -518,3 +520,4 @@ class WebhookDeliveryOutput(serializers.Serializer):
 
 class WebhookDeliveryListOutput(serializers.Serializer):
     deliveries = WebhookDeliveryOutput(many=True)
+    next_cursor = serializers.CharField(allow_null=True)

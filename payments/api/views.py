@@ -283,12 +283,12 @@ class PaymentEventsView(APIView):
     @api_operation(
         operation_id="payments_events",
         summary="Audit trail of a payment, oldest first",
-        parameters=[s.EventsQuery],
+        parameters=[s.LogQuery],
         responses={200: s.EventListOutput},
         errors={400: ["validation_error"], 404: ["not_found"]},
     )
     def get(self, request, payment_id):
-        query = parse_query(s.EventsQuery, request)
+        query = parse_query(s.LogQuery, request)
         payment = selectors.payment_get(
             client=request.user, payment_id=parse_payment_id(payment_id)
         )

@@ -227,3 +227,67 @@ def test_an_endpoint_deleted_during_the_request_leaves_nothing_to_record(alice, 
         webhook_transport.post = real
     assert len(receiver.requests) == 1
     assert not WebhookDelivery.objects.exists() and not WebhookAttempt.objects.exists()
+
+
+def _deliveries(endpoint, count: int, start) -> None:
+    WebhookDelivery.objects.bulk_create(
+        WebhookDelivery(
+            endpoint=endpoint,
+            event_type="payment.completed",
+            payload={},
+            status="succeeded",
+            created_at=start + timedelta(milliseconds=n // 3),  # ties: three an instant
+        )
+        for n in range(count)
+    )
+
+
+def test_the_delivery_log_is_read_a_page_at_a_time_newest_first(alice, bob, receiver):
+    """The log showed the newest 100 and no more; now 100 a page (``limit``,
+    ``cursor``, ``next_cursor``), and walking the pages gives every delivery
+    once, newest first — ties on ``created_at`` included."""
+    eid = register(alice, receiver.url)["webhook_endpoint_id"]
+    register(bob, receiver.url)
+    start = timezone.now() - timedelta(hours=1)
+    _deliveries(WebhookEndpoint.objects.get(pk=eid), 250, start)
+    _deliveries(WebhookEndpoint.objects.get(client=bob.user), 50, start)
+    url = f"/api/v1/webhook-endpoints/{eid}/deliveries"
+    first = alice.api.get(url).json()
+    assert len(first["deliveries"]) == 100 and first["next_cursor"]
+    seen, cursor = [], None
+    while True:
+        page = alice.api.get(url, {"limit": 70, **({"cursor": cursor} if cursor else {})})
+        seen += page.json()["deliveries"]
+        if (cursor := page.json()["next_cursor"]) is None:
+            break
+    mine = WebhookDelivery.objects.filter(endpoint_id=eid).order_by("-created_at", "-id")
+    assert [d["delivery_id"] for d in seen] == [str(pk) for pk in mine.values_list("pk", flat=True)]
+    assert alice.api.get(url, {"cursor": "!!"}).status_code == 400
+
+
+@pytest.mark.postgres
+def test_the_delivery_log_reads_one_page_of_its_own_index(alice, bob, receiver):
+    """It sorted every delivery of the endpoint for the newest 100 (a seq scan
+    and a sort at 20,000: a review, session 42); the index (endpoint,
+    created_at DESC, id DESC) yields the page in order, on page 1 as deep down."""
+    from payments.selectors import newest_first_page
+    from tests.plans import explain_call, index_scan, node_types
+
+    eid = register(alice, receiver.url)["webhook_endpoint_id"]
+    register(bob, receiver.url)
+    start = timezone.now() - timedelta(hours=1)
+    endpoint = WebhookEndpoint.objects.get(pk=eid)
+    _deliveries(endpoint, 6_000, start)
+    _deliveries(WebhookEndpoint.objects.get(client=bob.user), 6_000, start)
+    _, cursor = newest_first_page(endpoint.deliveries.all(), cursor=None, limit=3_000)
+    for after in (None, cursor):
+        plan = explain_call(
+            lambda after=after: newest_first_page(
+                endpoint.deliveries.all(), cursor=after, limit=100
+            ),
+            "payments_webhookdelivery",
+        )
+        assert "Sort" not in node_types(plan), plan
+        scan = index_scan(plan, "webhook_delivery_log")
+        assert scan is not None and scan["Actual Rows"] == 101, plan
+        assert scan.get("Rows Removed by Filter", 0) == 0, scan
