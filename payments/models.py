@@ -670,8 +670,12 @@ class WebhookDelivery(models.Model):
                 name="webhook_pending_next_attempt",
             ),
             # the delivery log's keyset pages (and the endpoint's foreign key)
+            models.Index(fields=["endpoint", "-created_at", "-id"], name="webhook_delivery_log"),
+            # the retention purge's oldest finished deliveries (webhooks.purge_finished)
             models.Index(
-                fields=["endpoint", "-created_at", "-id"], name="webhook_delivery_log"
+                fields=["created_at"],
+                condition=Q(status__in=["succeeded", "failed"]),
+                name="webhook_delivery_finished",
             ),
         ]
 

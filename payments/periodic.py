@@ -40,6 +40,13 @@ PERIODIC_TASKS = (
         600,
         "default",
     ),
+    (
+        "payments: purge old webhook deliveries",
+        "payments.purge_webhooks",
+        3600,
+        600,
+        "default",
+    ),
 )
 
 

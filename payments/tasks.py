@@ -302,6 +302,11 @@ def purge_idempotency_keys() -> int:
     return idempotency.idempotency_purge_expired()
 
 
+@shared_task(name="payments.purge_webhooks", ignore_result=True)
+def purge_webhooks() -> int:
+    return webhooks.purge_finished()
+
+
 @shared_task(name="payments.deliver_webhook", ignore_result=True, acks_late=True)
 def deliver_webhook(delivery_id: str) -> str | None:
     status = webhooks.deliver(delivery_id)

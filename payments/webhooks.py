@@ -59,6 +59,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
+from django.db.models import Exists, OuterRef
 from django.dispatch import Signal
 from django.utils import timezone
 
@@ -738,6 +739,41 @@ def due_delivery_ids(limit: int = 500) -> list[str]:
     # recovered endpoint got its probe while it lasted (a review, session 42).
     half = limit // 2
     return [str(pk) for pk in [*probes[:half], *closed, *probes[half:]][:limit]]
+
+
+FINISHED = (DeliveryStatus.SUCCEEDED, DeliveryStatus.FAILED)
+
+
+def purge_finished(*, batch: int = 1000, budget_seconds: float = 60.0) -> int:
+    """Delete the finished deliveries (succeeded or failed) made more than
+    ``WEBHOOK_RETENTION_DAYS`` ago, with their attempts and the events left
+    without a delivery; oldest first, ``batch`` a transaction, until none is
+    left or ``budget_seconds`` have passed (the next hourly run goes on).
+    Pending deliveries are never touched. Returns the deliveries deleted."""
+    days = settings.WEBHOOK_RETENTION_DAYS
+    if days <= 0:
+        return 0
+    old = WebhookDelivery.objects.filter(
+        status__in=FINISHED, created_at__lt=timezone.now() - timedelta(days=days)
+    ).order_by("created_at")
+    started, deleted = time.monotonic(), 0
+    while time.monotonic() - started < budget_seconds:
+        with transaction.atomic():
+            rows = list(old.values_list("pk", "event_id")[:batch])
+            ids = [pk for pk, _ in rows]
+            WebhookAttempt.objects.filter(delivery_id__in=ids).delete()
+            WebhookDelivery.objects.filter(pk__in=ids).delete()
+            others = WebhookDelivery.objects.filter(event=OuterRef("pk"))
+            WebhookEvent.objects.filter(
+                pk__in={event for _, event in rows if event is not None},
+                dispatched_at__isnull=False,
+            ).exclude(Exists(others)).delete()
+        deleted += len(ids)
+        if len(rows) < batch:
+            break
+    if deleted:
+        logger.info("purged %s webhook deliveries older than %s days", deleted, days)
+    return deleted
 
 
 def _first_per_endpoint(deliveries, limit: int) -> list:

@@ -617,6 +617,11 @@ ADMIN_ACTION_MAX_ITEMS = env.int("ADMIN_ACTION_MAX_ITEMS", default=500)
 RECURRING_MAX_ACTIVE_PER_CLIENT = env.int("RECURRING_MAX_ACTIVE_PER_CLIENT", default=100)
 # Webhooks: tries per delivery, first retry delay (doubling, capped at 1 h).
 WEBHOOK_MAX_ATTEMPTS = env.int("WEBHOOK_MAX_ATTEMPTS", default=8)
+# Finished deliveries (succeeded or failed) and their attempts are deleted this
+# many days after they were made (hourly, payments.purge_webhooks; 0 keeps them):
+# at 100 events/s an endpoint made ~8.6M rows a day, and deleting a busy
+# endpoint took its whole history with it in one web request.
+WEBHOOK_RETENTION_DAYS = env.int("WEBHOOK_RETENTION_DAYS", default=30)
 WEBHOOK_BACKOFF_SECONDS = env.float("WEBHOOK_BACKOFF_SECONDS", default=5.0)
 # Total wall-clock budget of one delivery request (DNS + connect + TLS + send +
 # response status and headers), so a slow or drip-feeding endpoint holds a

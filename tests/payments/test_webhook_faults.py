@@ -291,3 +291,48 @@ def test_the_delivery_log_reads_one_page_of_its_own_index(alice, bob, receiver):
         scan = index_scan(plan, "webhook_delivery_log")
         assert scan is not None and scan["Actual Rows"] == 101, plan
         assert scan.get("Rows Removed by Filter", 0) == 0, scan
+
+
+def test_finished_deliveries_are_purged_after_the_retention_with_what_only_they_used(
+    alice, receiver, settings
+):
+    """Deliveries and their attempts grew for ever (8.6M rows a day for an
+    endpoint at 100 events/s). Finished ones older than WEBHOOK_RETENTION_DAYS
+    go, a batch a transaction, with the events left without a delivery; a
+    pending one, however old, and recent ones stay."""
+    from payments import tasks
+    from payments.models import WebhookEvent
+
+    settings.WEBHOOK_RETENTION_DAYS = 30
+    register(alice, receiver.url)
+    old_ok, old_failed, old_pending, recent = cancelled_deliveries(alice, 4)
+    for delivery in (old_ok, recent):
+        assert webhooks.deliver(delivery.pk) == "succeeded"
+    WebhookDelivery.objects.filter(pk=old_failed.pk).update(status="failed")
+    long_ago = timezone.now() - timedelta(days=31)
+    WebhookDelivery.objects.filter(pk__in=[old_ok.pk, old_failed.pk, old_pending.pk]).update(
+        created_at=long_ago
+    )
+    settings.WEBHOOK_RETENTION_DAYS = 0  # keeps everything
+    assert tasks.purge_webhooks() == 0
+    settings.WEBHOOK_RETENTION_DAYS = 30
+    assert webhooks.purge_finished(batch=1) == 2
+    left = set(WebhookDelivery.objects.values_list("pk", flat=True))
+    assert left == {old_pending.pk, recent.pk}
+    assert set(WebhookAttempt.objects.values_list("delivery_id", flat=True)) == {recent.pk}
+    events = set(WebhookEvent.objects.values_list("pk", flat=True))
+    assert events == {old_pending.event_id, recent.event_id}
+    assert webhooks.purge_finished() == 0
+
+
+def test_the_purge_stops_at_its_budget_and_the_next_run_goes_on(alice, receiver, settings):
+    settings.WEBHOOK_RETENTION_DAYS = 1
+    register(alice, receiver.url)
+    deliveries = cancelled_deliveries(alice, 3)
+    WebhookDelivery.objects.update(
+        status="succeeded", created_at=timezone.now() - timedelta(days=2)
+    )
+    assert webhooks.purge_finished(batch=1, budget_seconds=0) == 0
+    assert WebhookDelivery.objects.count() == len(deliveries)
+    assert webhooks.purge_finished(batch=2) == 3
+    assert not WebhookDelivery.objects.exists()
