@@ -13,7 +13,7 @@ from django.core.cache.backends.redis import RedisCache
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from redis.exceptions import RedisError
 from rest_framework import authentication, exceptions
-from rest_framework.permissions import BasePermission
+from rest_framework.permissions import BasePermission, IsAuthenticated
 from rest_framework.throttling import BaseThrottle, SimpleRateThrottle, UserRateThrottle
 
 from ..tokens import api_token_active
@@ -36,16 +36,19 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
         if header[0].lower() != self.keyword.lower().encode():
             # "Token …", "Basic …": a credential was sent, in the wrong scheme.
             # Saying which scheme works beats "credentials were not provided".
-            raise exceptions.AuthenticationFailed(f"Unsupported authorization scheme: {USAGE}")
+            unsupported = f"Unsupported authorization scheme: {USAGE}"
+            raise refused(request, exceptions.AuthenticationFailed(unsupported))
         if len(header) != 2:
-            raise exceptions.AuthenticationFailed(f"Malformed Authorization header: {USAGE}")
+            raise refused(
+                request, exceptions.AuthenticationFailed(f"Malformed Authorization header: {USAGE}")
+            )
         try:
             token = header[1].decode()
         except UnicodeDecodeError:
-            raise exceptions.AuthenticationFailed("Malformed token.") from None
+            raise refused(request, exceptions.AuthenticationFailed("Malformed token.")) from None
         record = api_token_active(token)
         if record is None or not record.user.is_active:
-            raise exceptions.AuthenticationFailed("Invalid or revoked token.")
+            raise refused(request, exceptions.AuthenticationFailed("Invalid or revoked token."))
         return record.user, record
 
     def authenticate_header(self, request):
@@ -188,9 +191,48 @@ class SharedCacheThrottle(SimpleRateThrottle):
 
 
 class ClientRateThrottle(SharedCacheThrottle, UserRateThrottle):
-    """One budget per client (per IP for unauthenticated calls)."""
+    """One budget per client (``API_THROTTLE_RATE``); per address on what needs no
+    credentials (the schema and its docs). A request refused for its
+    credentials never gets here: ``AnonymousRateThrottle``."""
 
     scope = "client"
+
+
+class AnonymousRateThrottle(SharedCacheThrottle):
+    """One budget per client address for requests without valid credentials
+    (``API_ANON_THROTTLE_RATE``): no ``Authorization``, another scheme, a wrong
+    or revoked token. DRF checks throttles after authentication and
+    permissions, so such a request never reached ``ClientRateThrottle`` — a
+    401 cost nothing however many were asked for, guessing tokens included (a
+    review, session 42). Only refused requests count against it."""
+
+    scope = "anonymous"
+
+    def get_cache_key(self, request, view):
+        return self.cache_format % {"scope": self.scope, "ident": self.get_ident(request)}
+
+
+def refused(request, exc: exceptions.APIException) -> exceptions.APIException:
+    """``exc`` for a request without valid credentials, or ``Throttled`` once its
+    address is past ``AnonymousRateThrottle``'s budget."""
+    throttle = AnonymousRateThrottle()
+    if throttle.allow_request(request, None):
+        return exc
+    return exceptions.Throttled(wait=throttle.wait())
+
+
+class IsClient(IsAuthenticated):
+    """``IsAuthenticated``; a request without credentials counts against its
+    address's ``AnonymousRateThrottle`` (one with bad ones was counted when
+    ``BearerTokenAuthentication`` refused them)."""
+
+    def has_permission(self, request, view):
+        if super().has_permission(request, view):
+            return True
+        exc = refused(request, exceptions.NotAuthenticated())
+        if isinstance(exc, exceptions.Throttled):
+            raise exc
+        return False
 
 
 class WebhookEndpointWriteThrottle(SharedCacheThrottle, UserRateThrottle):

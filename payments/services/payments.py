@@ -247,6 +247,10 @@ def payment_update(
             )
             payment.description = description
             fields.add("description")
+        if not events:
+            # the same amount or description again: nothing changed, nothing to
+            # write (updated_at moved without an event: a review, session 42)
+            return payment
         payment.updated_at = now
         payment.save(update_fields=sorted(fields))
         PaymentEvent.objects.bulk_create(events)

@@ -259,10 +259,13 @@ STORAGES = {
 # --- API ------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["payments.api.auth.BearerTokenAuthentication"],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PERMISSION_CLASSES": ["payments.api.auth.IsClient"],
     "DEFAULT_THROTTLE_CLASSES": ["payments.api.auth.ClientRateThrottle"],
     "DEFAULT_THROTTLE_RATES": {
         "client": env.str("API_THROTTLE_RATE", default="100/s"),
+        # Per client address, for requests without valid credentials (no token,
+        # a wrong or revoked one): only those count, so clients never meet it.
+        "anonymous": env.str("API_ANON_THROTTLE_RATE", default="10/s"),
         # Per client address, checked before X-Internal-Auth: guessing the
         # operator token is throttled too.
         "internal": env.str("INTERNAL_API_THROTTLE_RATE", default="10/s"),

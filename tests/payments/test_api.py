@@ -554,6 +554,23 @@ def test_events_and_attempts(alice):
     assert alice.api.get(f"/api/v1/payments/{payment_id}/attempts").json() == {"attempts": []}
 
 
+def test_a_patch_that_changes_nothing_writes_nothing(alice):
+    """README: ``updated_at`` equals ``created_at`` until the payment first
+    changes. The same amount or description again answered 200 with no event
+    but moved ``updated_at`` (a review, session 42)."""
+    created = alice.schedule(description="rent").json()
+    url = f"/api/v1/payments/{created['payment_id']}"
+    for same in ({"amount": created["amount"]}, {"description": "rent"}, {"amount": 100}):
+        response = alice.api.patch(url, same, format="json")
+        assert response.status_code == 200, response.content
+        assert response.json()["updated_at"] == created["created_at"]
+    payment = Payment.objects.get(pk=created["payment_id"])
+    assert payment.updated_at == payment.created_at
+    assert list(payment.events.values_list("type", flat=True)) == ["scheduled"]
+    changed = alice.api.patch(url, {"description": "rent, May"}, format="json").json()
+    assert changed["updated_at"] > created["created_at"]
+
+
 def test_a_long_audit_trail_is_read_a_page_at_a_time_oldest_first(alice):
     """Every PATCH adds an event, so a trail has no bound of its own: the events
     come 100 a page (``limit`` up to 100) with a ``next_cursor``, oldest first;
@@ -746,6 +763,28 @@ def test_anonymous_budget_is_per_connection_address_not_x_forwarded_for(client, 
     spoofed = client.get("/api/schema/", HTTP_X_FORWARDED_FOR="192.0.2.99")
     assert spoofed.status_code == 429 and int(spoofed["Retry-After"]) > 0
     assert client.get("/api/schema/", REMOTE_ADDR="198.51.100.1").status_code == 200
+
+
+def test_requests_without_valid_credentials_have_a_budget_per_address(client, alice, monkeypatch):
+    """DRF checks throttles after authentication and permissions: a 401 never
+    reached the per-client throttle, so guessing tokens (or asking without one)
+    cost nothing however often (a review, session 42). Refused requests count
+    against their address's API_ANON_THROTTLE_RATE (here 3 a minute) — a wrong
+    token, another scheme, none at all alike — and a client with a valid token
+    from the same address never meets it."""
+    from payments.api.auth import AnonymousRateThrottle
+
+    monkeypatch.setattr(AnonymousRateThrottle, "THROTTLE_RATES", {"anonymous": "3/min"})
+    url = "/api/v1/accounts"
+    for header in ("Bearer wrong-token", "Basic dXNlcjpwYXNz"):
+        error(client.get(url, HTTP_AUTHORIZATION=header), 401, "authentication_failed")
+    error(client.get(url), 401, "not_authenticated")
+    for kwargs in ({"HTTP_AUTHORIZATION": "Bearer guess"}, {}):
+        response = client.get(url, HTTP_X_FORWARDED_FOR="192.0.2.9", **kwargs)
+        assert int(response["Retry-After"]) > 0
+        error(response, 429, "throttled")
+    assert alice.api.get(url).status_code == 200  # same address, valid token
+    assert client.get(url, REMOTE_ADDR="198.51.100.1").status_code == 401  # another address
 
 
 def test_client_address_behind_configured_proxies(rf, settings):
