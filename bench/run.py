@@ -380,12 +380,13 @@ def parse_args(argv=None):
     parser.add_argument(
         "--commit-timestamps",
         choices=("auto", "on", "server"),
-        default="auto",
+        default="server",
         help="PostgreSQL's track_commit_timestamp during the run, so the capacity scenario "
         "reads lateness to each payment's commit as well as to its lock (executed_at) and "
         "judges the SLO on it: 'on' (restarts this host's Debian cluster to take it, and "
-        "again to put it back), 'server' (as configured) or 'auto' (on where the harness "
-        "can restart the server, else as configured)",
+        "again to put it back: everything else using the server loses its connections), "
+        "'server' (as configured; the default) or 'auto' (on where the harness can restart "
+        "the server, else as configured)",
     )
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--scenario", help=argparse.SUPPRESS)

@@ -88,7 +88,15 @@ def _insert_in_flight(record: IdempotencyKey) -> bool:
     return True
 
 
-def idempotency_begin(*, client: AbstractBaseUser, key: str, fingerprint: str) -> Claim:
+def idempotency_begin(
+    *, client: AbstractBaseUser, key: str, fingerprint: str, also: str | None = None
+) -> Claim:
+    """Claim ``key`` for a request with ``fingerprint``, or say what to answer.
+
+    ``also``: a fingerprint the same request may have been stored under by an
+    earlier release (``payments.api.views._fingerprinted``), taken as the same
+    request, so a retry across a deploy replays instead of answering 422.
+    """
     now = timezone.now()
     for _ in range(2):
         record = IdempotencyKey(
@@ -112,7 +120,7 @@ def idempotency_begin(*, client: AbstractBaseUser, key: str, fingerprint: str) -
             if record.created_at < now - timedelta(seconds=settings.IDEMPOTENCY_TTL_SECONDS):
                 _restart(record, fingerprint, now)
                 return Claim(record, replay=False)
-            if record.fingerprint != fingerprint:
+            if record.fingerprint not in (fingerprint, also):
                 raise IdempotencyKeyReused(
                     "This Idempotency-Key was already used with a different request.",
                     key=key,

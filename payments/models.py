@@ -619,7 +619,14 @@ class WebhookEvent(models.Model):
                 fields=["created_at"],
                 condition=Q(dispatched_at__isnull=True),
                 name="webhook_event_undispatched",
-            )
+            ),
+            # the retention purge's oldest dispatched events (set by the webhook
+            # worker: an event's insert, in the payment's transaction, adds no entry)
+            models.Index(
+                fields=["dispatched_at"],
+                condition=Q(dispatched_at__isnull=False),
+                name="webhook_event_dispatched",
+            ),
         ]
 
     def __str__(self) -> str:

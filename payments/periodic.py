@@ -41,11 +41,13 @@ PERIODIC_TASKS = (
         "default",
     ),
     (
+        # the webhook worker's (16 threads), not default's: the recurring worker
+        # consumes default, and a purge of up to a minute must not hold it
         "payments: purge old webhook deliveries",
         "payments.purge_webhooks",
         3600,
         600,
-        "default",
+        WEBHOOKS,
     ),
 )
 

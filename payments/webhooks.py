@@ -383,7 +383,10 @@ def _claim(delivery_id) -> _Claim | str | None:
             probe = True
         delivery.attempts += 1
         delivery.next_attempt_at = now + _lease()
-        delivery.save(update_fields=["attempts", "next_attempt_at"])
+        # in flight, not waiting for a circuit: a circuit reset
+        # (``endpoint_update``) must not make it due again meanwhile
+        delivery.last_error = ""
+        delivery.save(update_fields=["attempts", "next_attempt_at", "last_error"])
     return _Claim(delivery, probe)
 
 
@@ -644,6 +647,17 @@ def _deliver(delivery_id) -> str | None:
         endpoint = _locked_endpoint(delivery.endpoint_id)
         if endpoint is None:
             return None
+        # The claim still the delivery's (the fence: pending, this attempt's
+        # number): else another claim took it meanwhile and its outcome decides;
+        # this request is only logged (it was made).
+        current = (
+            WebhookDelivery.objects.select_for_update(no_key=True)
+            .filter(pk=delivery.pk)
+            .values_list("status", "attempts")
+            .first()
+        )
+        if current is None:
+            return None
         WebhookAttempt.objects.create(
             delivery=delivery,
             number=delivery.attempts,
@@ -651,14 +665,23 @@ def _deliver(delivery_id) -> str | None:
             error=outcome.error,
             duration_ms=duration_ms,
         )
+        if current != (DeliveryStatus.PENDING, delivery.attempts):
+            logger.warning(
+                "webhook delivery %s: claimed again while attempt %s was in flight; "
+                "that attempt is logged, not applied",
+                delivery.pk,
+                delivery.attempts,
+            )
+            return None
         delivery.last_status_code = outcome.status_code
         delivery.last_error = outcome.error
+        gave_up = False
         if outcome.ok:
             delivery.status = DeliveryStatus.SUCCEEDED
             delivery.delivered_at = timezone.now()
         elif delivery.attempts >= settings.WEBHOOK_MAX_ATTEMPTS:
             delivery.status = DeliveryStatus.FAILED
-            _count("gave_up")
+            gave_up = True
         else:
             delivery.next_attempt_at = timezone.now() + backoff(delivery.attempts)
         delivery.save(
@@ -670,9 +693,13 @@ def _deliver(delivery_id) -> str | None:
                 "last_error",
             ]
         )
-        if outcome.error not in OUR_ERRORS:
+        # the endpoint's circuit, for the URL this request went to: one changed
+        # meanwhile starts with a closed circuit (``endpoint_update``)
+        if outcome.error not in OUR_ERRORS and endpoint.url == delivery.endpoint.url:
             _record_circuit(endpoint, ok=outcome.ok, probe=claim.probe)
     _count("succeeded" if outcome.ok else "failed_attempt")
+    if gave_up:
+        _count("gave_up")
     return delivery.status
 
 
@@ -746,33 +773,53 @@ FINISHED = (DeliveryStatus.SUCCEEDED, DeliveryStatus.FAILED)
 
 def purge_finished(*, batch: int = 1000, budget_seconds: float = 60.0) -> int:
     """Delete the finished deliveries (succeeded or failed) made more than
-    ``WEBHOOK_RETENTION_DAYS`` ago, with their attempts and the events left
-    without a delivery; oldest first, ``batch`` a transaction, until none is
-    left or ``budget_seconds`` have passed (the next hourly run goes on).
-    Pending deliveries are never touched. Returns the deliveries deleted."""
+    ``WEBHOOK_RETENTION_DAYS`` ago with their attempts, then the events
+    dispatched before then that no delivery refers to any more (those of a
+    deleted endpoint included); oldest first, ``batch`` a transaction, until
+    none is left or ``budget_seconds`` have passed (the next hourly run goes
+    on). Pending deliveries are never touched. Each batch takes its
+    deliveries' endpoint rows first, as claims, outcomes and deletes do, and
+    skips those another transaction holds (an endpoint being deleted, one
+    recording an attempt): the purge never waits and never deadlocks with
+    them. Returns the deliveries deleted."""
     days = settings.WEBHOOK_RETENTION_DAYS
     if days <= 0:
         return 0
-    old = WebhookDelivery.objects.filter(
-        status__in=FINISHED, created_at__lt=timezone.now() - timedelta(days=days)
-    ).order_by("created_at")
+    cutoff = timezone.now() - timedelta(days=days)
     started, deleted = time.monotonic(), 0
+    old = (
+        WebhookDelivery.objects.filter(status__in=FINISHED, created_at__lt=cutoff)
+        .select_related("endpoint")
+        .only("id", "endpoint__id")
+        .order_by("created_at")
+    )
     while time.monotonic() - started < budget_seconds:
         with transaction.atomic():
-            rows = list(old.values_list("pk", "event_id")[:batch])
-            ids = [pk for pk, _ in rows]
+            claimed = old.select_for_update(no_key=True, skip_locked=True, of=("endpoint",))
+            ids = [delivery.pk for delivery in claimed[:batch]]
             WebhookAttempt.objects.filter(delivery_id__in=ids).delete()
             WebhookDelivery.objects.filter(pk__in=ids).delete()
-            others = WebhookDelivery.objects.filter(event=OuterRef("pk"))
-            WebhookEvent.objects.filter(
-                pk__in={event for _, event in rows if event is not None},
-                dispatched_at__isnull=False,
-            ).exclude(Exists(others)).delete()
         deleted += len(ids)
-        if len(rows) < batch:
+        if len(ids) < batch:
             break
-    if deleted:
-        logger.info("purged %s webhook deliveries older than %s days", deleted, days)
+    orphans = (
+        WebhookEvent.objects.filter(dispatched_at__lt=cutoff)
+        .exclude(Exists(WebhookDelivery.objects.filter(event=OuterRef("pk"))))
+        .order_by("dispatched_at")
+        .values_list("pk", flat=True)
+    )
+    events = 0
+    while time.monotonic() - started < budget_seconds:
+        with transaction.atomic():
+            ids = list(orphans[:batch])
+            WebhookEvent.objects.filter(pk__in=ids).delete()
+        events += len(ids)
+        if len(ids) < batch:
+            break
+    if deleted or events:
+        logger.info(
+            "purged %s webhook deliveries and %s events older than %s days", deleted, events, days
+        )
     return deleted
 
 

@@ -512,6 +512,7 @@ CELERY_TASK_ROUTES = {
     "payments.dispatch_webhooks": {"queue": WEBHOOK_QUEUE},
     "payments.deliver_webhook": {"queue": WEBHOOK_QUEUE},
     "payments.retry_webhooks": {"queue": WEBHOOK_QUEUE},
+    "payments.purge_webhooks": {"queue": WEBHOOK_QUEUE},
 }
 
 # --- Durable timer (DESIGN §4.1) -------------------------------------------
@@ -545,7 +546,13 @@ PAYMENT_COLLAPSE_LIMIT = env.int("PAYMENT_COLLAPSE_LIMIT", default=600)
 # payment against 0.327 (57 payments a message against 43; drain 0.15), p50/p99
 # 0.20/0.39 s against 0.15/0.29 s; at 2,000/s p50/p99 0.20/0.55 s
 # (bench/results/2026-11-29-s32-spread400/, …-s32-base/).
-PAYMENT_CHUNK_SPREAD_MS = env.int("PAYMENT_CHUNK_SPREAD_MS", default=400)
+# Back to 300 ms (session 42): lateness read to each payment's commit instead of
+# its lock (bench/run.py --commit-timestamps) adds the batch's own duration,
+# 50-150 ms on a slow host, and at 400 ms p50 missed the SLO's 250 ms at 100/s
+# in three pairs (0.277-0.293 s against 0.202-0.214 s at 300 ms; 0.140 s at
+# 200 ms), for 4 % more worker CPU a payment at 100/s in the same-hour pair
+# (0.597 against 0.576 ms; 200 ms: 0.687) — bench/results/2026-11-30-s42-ab*/.
+PAYMENT_CHUNK_SPREAD_MS = env.int("PAYMENT_CHUNK_SPREAD_MS", default=300)
 # A sweeper's message whose payments another transaction holds (usually the
 # other worker's collapse, which took them in) does not wait for it: it hands
 # them back to run again after this long (engine.executor, step 1), doubled at

@@ -209,7 +209,7 @@ def test_auto_commit_timestamps_fall_back_to_the_server_as_configured(monkeypatc
     assert run.commit_timestamps("auto") == "on"
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)  # a committed row: an open transaction has no time
 def test_commit_times_read_as_the_server_records_them():
     """The capacity scenario's query runs on any server: NULL where commit times
     are not recorded (pg_xact_commit_timestamp raises there), a time where they are."""

@@ -100,6 +100,32 @@ class TestSemantics:
         assert again.status_code == 201 and again["Idempotent-Replayed"] == "true"
         assert list(Payment.objects.values_list("amount", flat=True)) == [100]
 
+    def test_a_key_stored_before_the_parsed_body_rule_still_replays(self, alice):
+        """A retry across the deploy of a body sent as ``Application/JSON`` (stored
+        then under the no-body fingerprint) replays instead of answering 422 — a
+        client told 422 may retry under a fresh key and pay twice (a review,
+        session 42)."""
+        body = schedule_body(alice)
+        now = timezone.now()
+        IdempotencyKey.objects.create(
+            client=alice.user,
+            key="before-deploy",
+            fingerprint=request_fingerprint("POST", SCHEDULE, None),
+            status=IdempotencyStatus.COMPLETED,
+            response_status=201,
+            response_body={"payment_id": "stored"},
+            locked_at=now,
+            created_at=now,
+        )
+        again = alice.api.post(
+            SCHEDULE,
+            json.dumps(body),
+            content_type="Application/JSON",
+            headers={"Idempotency-Key": "before-deploy"},
+        )
+        assert again.status_code == 201 and again["Idempotent-Replayed"] == "true"
+        assert again.json() == {"payment_id": "stored"} and not Payment.objects.exists()
+
     def test_a_bodyless_request_keeps_the_fingerprint_it_had(self):
         """Keys stored before the parsed-body rule stay replayable: a request
         without a body is fingerprinted with no body, as it always was."""

@@ -313,6 +313,7 @@ def test_finished_deliveries_are_purged_after_the_retention_with_what_only_they_
     WebhookDelivery.objects.filter(pk__in=[old_ok.pk, old_failed.pk, old_pending.pk]).update(
         created_at=long_ago
     )
+    WebhookEvent.objects.exclude(pk=recent.event_id).update(dispatched_at=long_ago)
     settings.WEBHOOK_RETENTION_DAYS = 0  # keeps everything
     assert tasks.purge_webhooks() == 0
     settings.WEBHOOK_RETENTION_DAYS = 30
@@ -336,3 +337,82 @@ def test_the_purge_stops_at_its_budget_and_the_next_run_goes_on(alice, receiver,
     assert WebhookDelivery.objects.count() == len(deliveries)
     assert webhooks.purge_finished(batch=2) == 3
     assert not WebhookDelivery.objects.exists()
+
+
+def test_the_events_of_a_deleted_endpoint_are_purged_with_age(alice, receiver, settings):
+    """Deleting an endpoint takes its deliveries, not their events (another
+    endpoint may share them): the purge finds events by their own age once no
+    delivery refers to them (a review of this session's purge)."""
+    from payments.models import WebhookEvent
+
+    settings.WEBHOOK_RETENTION_DAYS = 30
+    eid = register(alice, receiver.url)["webhook_endpoint_id"]
+    other = register(alice, receiver.url)["webhook_endpoint_id"]
+    cancelled_deliveries(alice, 2)
+    assert alice.api.delete(f"/api/v1/webhook-endpoints/{eid}").status_code == 204
+    WebhookEvent.objects.update(dispatched_at=timezone.now() - timedelta(days=31))
+    assert webhooks.purge_finished() == 0  # the other endpoint's pending deliveries keep them
+    assert WebhookEvent.objects.count() == 2
+    assert alice.api.delete(f"/api/v1/webhook-endpoints/{other}").status_code == 204
+    webhooks.purge_finished()
+    assert not WebhookEvent.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_outcome_applies_only_to_the_claim_it_was_made_for(alice, receiver, settings):
+    """A URL fix while a probe to the old URL is in flight: the reset does not
+    make the in-flight delivery due again, and if another claim takes it anyway
+    (its lease lapsed) the first request's late outcome is logged, not applied —
+    it turned the second claim's success back into pending, sent it a third
+    time and re-opened the new URL's circuit with the old URL's failure (a
+    review of this session's circuit reset)."""
+    settings.WEBHOOK_CIRCUIT_FAILURES = 1
+    eid = register(alice, "http://127.0.0.1:9/typo")["webhook_endpoint_id"]
+    first, second = cancelled_deliveries(alice, 2)
+    assert webhooks.deliver(first.pk) == "pending"  # refused: the circuit opens
+    due_now(second)
+    assert webhooks.deliver(second.pk) is None  # put off to the circuit's end
+    WebhookEndpoint.objects.update(circuit_open_until=timezone.now())
+    due_now(second)
+    entered, go, out = threading.Event(), threading.Event(), {}
+    real = webhook_transport.post
+
+    def post(url, *args, **kwargs):
+        if url.endswith("/typo"):
+            entered.set()
+            go.wait(10)
+        return real(url, *args, **kwargs)
+
+    def probe():
+        try:
+            out["probe"] = webhooks.deliver(second.pk)
+        finally:
+            from django.db import connection
+
+            connection.close()
+
+    webhook_transport.post = post
+    try:
+        worker = threading.Thread(target=probe)
+        worker.start()
+        assert entered.wait(10)  # the probe to the old URL is in flight
+        fixed = alice.api.patch(
+            f"/api/v1/webhook-endpoints/{eid}", {"url": receiver.url}, format="json"
+        )
+        assert fixed.status_code == 200
+        second.refresh_from_db()
+        assert second.next_attempt_at > timezone.now()  # leased: not made due again
+        due_now(second)  # its lease lapses anyway
+        assert webhooks.deliver(second.pk) == "succeeded"  # a second claim, to the new URL
+        go.set()
+        worker.join(20)
+    finally:
+        webhook_transport.post = real
+    assert out == {"probe": None}
+    second.refresh_from_db()
+    assert (second.status, second.attempts) == ("succeeded", 2)
+    numbers = WebhookAttempt.objects.filter(delivery=second).values_list("number", "error")
+    assert sorted(numbers) == [(1, "connection_failed"), (2, "")]
+    endpoint = WebhookEndpoint.objects.get()
+    assert (endpoint.circuit_open_until, endpoint.consecutive_failures) == (None, 0)
+    assert len(receiver.requests) == 1
