@@ -404,3 +404,20 @@ def test_jitter_spreads_occurrences_over_the_window_in_milliseconds():
     assert jitter_for(schedule, start) == jitter_for(schedule, start)
     assert jitter_for(schedule, start).total_seconds() == 269.656
     assert jitter_for(SimpleNamespace(pk=schedule.pk, jitter_seconds=0), start) == timedelta(0)
+
+
+@pytest.mark.parametrize("name", ["localtime", "posixrules", "Factory", "right/UTC", "Mars/Base"])
+def test_a_zone_that_is_not_a_place_is_refused_by_name(name):
+    with pytest.raises(InvalidSchedule, match=f"Unknown time zone '{name}'"):
+        zone(name)
+
+
+def test_a_listed_zone_whose_file_cannot_be_read_is_refused_by_name(monkeypatch):
+    """The host's database lists it but its file is gone or unreadable (tzdata
+    changed under a running process): the same message, naming it."""
+    from payments import calendar
+
+    monkeypatch.setattr(calendar, "_places", lambda: frozenset({"Nowhere/Town", "America"}))
+    for name in ("Nowhere/Town", "America"):  # no such file; a folder of the database
+        with pytest.raises(InvalidSchedule, match=f"Unknown time zone '{name}'"):
+            zone(name)
