@@ -786,41 +786,54 @@ def purge_finished(*, batch: int = 1000, budget_seconds: float = 60.0) -> int:
     if days <= 0:
         return 0
     cutoff = timezone.now() - timedelta(days=days)
-    started, deleted = time.monotonic(), 0
+    deadline = time.monotonic() + budget_seconds
     old = (
         WebhookDelivery.objects.filter(status__in=FINISHED, created_at__lt=cutoff)
         .select_related("endpoint")
         .only("id", "endpoint__id")
         .order_by("created_at")
+        .select_for_update(no_key=True, skip_locked=True, of=("endpoint",))
     )
-    while time.monotonic() - started < budget_seconds:
-        with transaction.atomic():
-            claimed = old.select_for_update(no_key=True, skip_locked=True, of=("endpoint",))
-            ids = [delivery.pk for delivery in claimed[:batch]]
-            WebhookAttempt.objects.filter(delivery_id__in=ids).delete()
-            WebhookDelivery.objects.filter(pk__in=ids).delete()
-        deleted += len(ids)
-        if len(ids) < batch:
-            break
+
+    def deliveries() -> int:
+        ids = [delivery.pk for delivery in old[:batch]]
+        WebhookAttempt.objects.filter(delivery_id__in=ids).delete()
+        WebhookDelivery.objects.filter(pk__in=ids).delete()
+        return len(ids)
+
     orphans = (
         WebhookEvent.objects.filter(dispatched_at__lt=cutoff)
         .exclude(Exists(WebhookDelivery.objects.filter(event=OuterRef("pk"))))
         .order_by("dispatched_at")
         .values_list("pk", flat=True)
     )
-    events = 0
-    while time.monotonic() - started < budget_seconds:
-        with transaction.atomic():
-            ids = list(orphans[:batch])
-            WebhookEvent.objects.filter(pk__in=ids).delete()
-        events += len(ids)
-        if len(ids) < batch:
-            break
+
+    def events_left_alone() -> int:
+        ids = list(orphans[:batch])
+        WebhookEvent.objects.filter(pk__in=ids).delete()
+        return len(ids)
+
+    deleted = _in_batches(deliveries, batch, deadline)
+    events = _in_batches(events_left_alone, batch, deadline)
     if deleted or events:
         logger.info(
             "purged %s webhook deliveries and %s events older than %s days", deleted, events, days
         )
     return deleted
+
+
+def _in_batches(step, batch: int, deadline: float) -> int:
+    """``step()`` (one transaction each; it returns how many rows it handled) until
+    it handles fewer than ``batch`` or the ``time.monotonic()`` ``deadline``
+    passes; the rows handled in all."""
+    done = 0
+    while time.monotonic() < deadline:
+        with transaction.atomic():
+            handled = step()
+        done += handled
+        if handled < batch:
+            break
+    return done
 
 
 def _first_per_endpoint(deliveries, limit: int) -> list:
