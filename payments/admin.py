@@ -212,10 +212,9 @@ class PaymentAdmin(ReadOnlyAdmin):
     fields = readonly_fields
     inlines = (PaymentEventInline, PaymentAttemptInline)
     actions = ("cancel_payments", "retry_dead_letters")
-    date_hierarchy = "due_at"
-    # filtered: no second COUNT(*) over millions of rows per page view (the
-    # paginator still counts what the filter selects, and all of it unfiltered)
-    show_full_result_count = False
+    # No date_hierarchy: its drill-down bar read MIN/MAX(due_at) and the
+    # DISTINCT years of every payment on each view of the list (230 to 280 ms of
+    # a 620 ms view with 1,000,000 payments); the due-time filters above cover it.
 
     class Media:
         css = {"all": ("payments/admin.css",)}
@@ -427,7 +426,6 @@ class WebhookDeliveryAdmin(ReadOnlyAdmin):
     search_fields = ("=id", "endpoint__url", "endpoint__client__username")
     list_select_related = ("endpoint",)
     inlines = (WebhookAttemptInline,)
-    show_full_result_count = False
 
 
 @admin.register(WebhookEndpoint)

@@ -19,8 +19,11 @@ from django.contrib.admin import helpers
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import ValidationError
-from django.db import DatabaseError
+from django.core.paginator import Paginator
+from django.db import DatabaseError, connections
 from django.http import HttpResponseRedirect
+from django.utils import timezone
+from django.utils.functional import cached_property
 
 from .errors import DomainError
 
@@ -99,6 +102,82 @@ class ValidSelection:
             )
             return HttpResponseRedirect(request.get_full_path())
         return super().response_action(request, queryset)
+
+
+def table_estimate(queryset) -> int | None:
+    """PostgreSQL's estimate of the rows ``queryset`` selects when it selects a
+    whole table (no filter, search, distinct, slice or union), else None: the
+    planner's ``pg_class.reltuples``, which VACUUM and ANALYZE (autovacuum's
+    too) keep near the truth; None too before the table was ever analysed."""
+    query = getattr(queryset, "query", None)
+    if query is None or query.where or query.distinct or query.combinator or query.is_sliced:
+        return None
+    connection = connections[queryset.db]
+    if connection.vendor != "postgresql":
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%s)",
+            [connection.ops.quote_name(queryset.model._meta.db_table)],
+        )
+        row = cursor.fetchone()
+    return row[0] if row and row[0] >= 0 else None
+
+
+class EstimatedCountPaginator(Paginator):
+    """An unfiltered changelist of a big table paged by PostgreSQL's estimate of
+    its rows (from ``ADMIN_ESTIMATED_COUNT_FROM`` rows on): Django's paginator
+    ran ``SELECT COUNT(*)`` of the whole table on every view of the list's first
+    page — seconds a view, and a pooled connection held, with millions of
+    payments. A filtered or searched list is counted exactly (what it selects)."""
+
+    @cached_property
+    def count(self) -> int:
+        estimate = table_estimate(self.object_list)
+        if estimate is not None and estimate >= settings.ADMIN_ESTIMATED_COUNT_FROM:
+            return estimate
+        return super().count
+
+
+class LargeTables:
+    """A ModelAdmin mixin for tables that grow: the estimated count of
+    ``EstimatedCountPaginator``, and no second ``COUNT(*)`` of the whole table
+    beside a filtered list's own count (Django's "N total")."""
+
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
+
+
+class AxesAttemptTime:
+    """django-axes 8's *Clean up expired attempts* action reads
+    ``request.axes_attempt_time``, which only axes' own login handling sets
+    (``AxesProxyHandler.update_request``): the action answered a 500 on every
+    use. The attribute is set first, as axes sets it (now)."""
+
+    @admin.action(description="Clean up expired attempts")
+    def cleanup_expired_attempts(self, request, queryset):
+        if not hasattr(request, "axes_attempt_time"):
+            request.axes_attempt_time = timezone.now()
+        return super().cleanup_expired_attempts(request, queryset)
+
+
+def guard_every_admin(site: admin.AdminSite) -> None:
+    """Give every ModelAdmin on ``site`` — django-axes', django-celery-beat's
+    and Django auth's too, which have not ours — the request guards of
+    ``ValidSelection`` and the count of ``LargeTables`` (and axes' attempts
+    ``AxesAttemptTime``): registered again as a
+    subclass with the missing mixins first. Run once the admin modules are
+    loaded (``PaymentsConfig.ready``: the admin's autodiscovery runs first)."""
+    for model, model_admin in list(site._registry.items()):
+        mixins = [ValidSelection, LargeTables]
+        if hasattr(model_admin, "cleanup_expired_attempts"):  # django-axes' attempts
+            mixins.insert(0, AxesAttemptTime)
+        missing = tuple(m for m in mixins if not isinstance(model_admin, m))
+        if missing:
+            cls = type(model_admin)
+            guarded = type(cls.__name__, (*missing, cls), {"__module__": cls.__module__})
+            site.unregister(model)
+            site.register(model, guarded)
 
 
 def choices_filter(field: str, title: str, choices: Callable[[], list]) -> type:

@@ -623,6 +623,9 @@ RECURRING_OCCURRENCES_PER_TRANSACTION = max(
 # Support staff's bulk actions (cancel, retry, freeze, unfreeze) refuse a
 # selection larger than this: each item is a transaction in the web request.
 ADMIN_ACTION_MAX_ITEMS = env.int("ADMIN_ACTION_MAX_ITEMS", default=500)
+# An unfiltered admin list of a table PostgreSQL estimates at this many rows or
+# more shows (and pages by) that estimate instead of a COUNT(*) of them all.
+ADMIN_ESTIMATED_COUNT_FROM = env.int("ADMIN_ESTIMATED_COUNT_FROM", default=100_000)
 # Per-client quota: active + paused schedules (422 limit_exceeded beyond it).
 RECURRING_MAX_ACTIVE_PER_CLIENT = env.int("RECURRING_MAX_ACTIVE_PER_CLIENT", default=100)
 # Webhooks: tries per delivery, first retry delay (doubling, capped at 1 h).
