@@ -436,8 +436,14 @@ class OccurrenceOutput(serializers.Serializer):
     )
     reason = serializers.CharField()
     payment_id = serializers.UUIDField(allow_null=True)
+    # read_only: every response carries it (null before a payment exists), so
+    # the schema lists it as required, as it does the others
     payment_status = serializers.ChoiceField(
-        source="payment.status", choices=PaymentStatus.choices, allow_null=True, default=None
+        source="payment.status",
+        choices=PaymentStatus.choices,
+        allow_null=True,
+        default=None,
+        read_only=True,
     )
 
 
@@ -491,6 +497,7 @@ class WebhookEndpointCreatedOutput(WebhookEndpointOutput):
     )
     secret_shown_once = serializers.BooleanField(
         default=False,
+        read_only=True,  # in every response: required in the schema
         help_text="true in a replayed response: the secret was shown in the original "
         "response only and is null here.",
     )

@@ -125,6 +125,47 @@ def test_the_served_schema_is_the_generated_one_and_validates(client, spec):
     validate(spec)  # openapi-spec-validator: OpenAPI 3.0 rules, $refs resolve
 
 
+def response_components(spec, schema, seen=None) -> set[str]:
+    """The components a response schema reaches, through $ref, items and properties."""
+    seen = set() if seen is None else seen
+    if not isinstance(schema, dict):
+        return seen
+    if "$ref" in schema:
+        name = schema["$ref"].rsplit("/", 1)[1]
+        if name not in seen:
+            seen.add(name)
+            response_components(spec, component(spec, name), seen)
+        return seen
+    for key in ("items", "additionalProperties"):
+        response_components(spec, schema.get(key), seen)
+    for combinator in ("oneOf", "anyOf", "allOf"):
+        for option in schema.get(combinator, []):
+            response_components(spec, option, seen)
+    for prop in schema.get("properties", {}).values():
+        response_components(spec, prop, seen)
+    return seen
+
+
+def test_every_field_of_a_success_response_is_required(spec, operations):
+    """Every field our responses carry is always there (null when it has no
+    value): the schema must say so, or a generated client types it optional.
+    ``payment_status`` of an occurrence and ``secret_shown_once`` of a created
+    webhook endpoint were listed as optional (a DRF ``default``)."""
+    names = set()
+    for operation in operations.values():
+        for status, response in operation["responses"].items():
+            if status.startswith("2"):
+                for media in response.get("content", {}).values():
+                    response_components(spec, media["schema"], names)
+    assert "OccurrenceOutput" in names and "WebhookEndpointCreatedOutput" in names
+    optional = {
+        name: sorted(set(props) - set(component(spec, name).get("required", [])))
+        for name in names
+        if (props := component(spec, name).get("properties"))
+    }
+    assert {name: fields for name, fields in optional.items() if fields} == {}
+
+
 def test_every_operation_has_an_explicit_stable_id(operations):
     assert set(operations) == OPERATION_IDS
     for operation_id in operations:
