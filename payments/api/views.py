@@ -29,7 +29,7 @@ from ..idempotency import (
 from ..models import Actor
 from . import serializers as s
 from .auth import InternalRateThrottle, InternalTokenAuthentication, IsInternalCaller
-from .schema import api_operation
+from .schema import BODY_ERRORS, api_operation
 from .serializers import StrictSerializer
 
 # Business refusals of scheduling, on top of input validation.
@@ -266,9 +266,11 @@ class PaymentCancelView(APIView):
     @api_operation(
         operation_id="payments_cancel_delete",
         summary="Cancel a payment",
+        description="A body is optional and read as POST's (`{\"reason\": …}`), so a "
+        "malformed, too large or non-JSON one is refused as there (400, 413, 415).",
         idempotent=True,
         responses={200: s.CancelOutput},
-        errors=CANCEL_ERRORS,
+        errors={**CANCEL_ERRORS, **BODY_ERRORS},
     )
     @idempotent
     def delete(self, request, payment_id):

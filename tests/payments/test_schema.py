@@ -325,3 +325,19 @@ def test_every_payment_event_type_written_is_in_the_enum():
         written |= set(re.findall(r'\bevent\(\s*\w+,\s*"([a-z_]+)"', text))
     assert {"scheduled", "executed", "failed", "retried", "amount_changed"} <= written
     assert written <= set(PAYMENT_EVENT_TYPES)
+
+
+@pytest.mark.django_db
+def test_a_delete_cancel_with_a_body_answers_only_what_it_declares(operations, alice):
+    """DELETE …/cancel reads an optional body as POST does, so a malformed one is
+    a 400 and a non-JSON one a 415 — statuses its operation did not declare."""
+    declared = set(operations["payments_cancel_delete"]["responses"])
+    assert {"400", "413", "415"} <= declared
+    pid = alice.schedule().json()["payment_id"]
+    url = f"/api/v1/payments/{pid}/cancel"
+    bad_json = alice.api.generic("DELETE", url, "{", content_type="application/json")
+    assert bad_json.status_code == 400 and str(bad_json.status_code) in declared
+    text = alice.api.generic("DELETE", url, "stop", content_type="text/plain")
+    assert text.status_code == 415 and str(text.status_code) in declared
+    reason = alice.api.generic("DELETE", url, '{"reason": "changed my mind"}', "application/json")
+    assert reason.status_code == 200 and reason.json()["status"] == "CANCELLED"
