@@ -266,7 +266,7 @@ class PaymentCancelView(APIView):
     @api_operation(
         operation_id="payments_cancel_delete",
         summary="Cancel a payment",
-        description="A body is optional and read as POST's (`{\"reason\": …}`), so a "
+        description='A body is optional and read as POST\'s (`{"reason": …}`), so a '
         "malformed, too large or non-JSON one is refused as there (400, 413, 415).",
         idempotent=True,
         responses={200: s.CancelOutput},
