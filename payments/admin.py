@@ -213,8 +213,9 @@ class PaymentAdmin(ReadOnlyAdmin):
     inlines = (PaymentEventInline, PaymentAttemptInline)
     actions = ("cancel_payments", "retry_dead_letters")
     # No date_hierarchy: its drill-down bar read MIN/MAX(due_at) and the
-    # DISTINCT years of every payment on each view of the list (230 to 280 ms of
-    # a 620 ms view with 1,000,000 payments); the due-time filters above cover it.
+    # DISTINCT years of every payment on each view of the list (236 ms of a
+    # 664 ms view with 1,000,000 payments, bench/results/2026-11-30-s43-admin-list);
+    # the due-time filters above cover it.
 
     class Media:
         css = {"all": ("payments/admin.css",)}

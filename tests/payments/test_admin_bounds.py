@@ -295,7 +295,7 @@ def count_statements(ctx, table: str) -> list[str]:
 def test_an_unfiltered_list_of_a_big_table_is_paged_by_the_estimate(superadmin, alice, settings):
     """The unfiltered payments list ran ``SELECT COUNT(*)`` over the whole table
     on every view, and its date drill-down two more statements over every row
-    (together 280 to 350 ms of a 620 ms view with 1,000,000 payments); from
+    (together 282 ms of a 664 ms view with 1,000,000 payments); from
     ``ADMIN_ESTIMATED_COUNT_FROM`` rows on it shows PostgreSQL's estimate.
     A filtered list, and a small table, are still counted exactly."""
     for _ in range(3):
