@@ -84,7 +84,9 @@ def _idempotent_replayed(statuses: Iterable[int]) -> OpenApiParameter:
 
 
 BEARER_ERRORS = {401: ("not_authenticated", "authentication_failed")}
-COMMON_ERRORS = {429: ("throttled",), 503: ("service_unavailable",)}
+# 413: ApiBodyLimitMiddleware judges every API request by its Content-Length,
+# a GET's too, before anything else (payments/middleware.py).
+COMMON_ERRORS = {413: ("payload_too_large",), 429: ("throttled",), 503: ("service_unavailable",)}
 BODY_ERRORS = {
     400: ("validation_error", "parse_error"),
     413: ("payload_too_large",),

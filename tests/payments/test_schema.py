@@ -195,10 +195,10 @@ def test_every_error_response_is_the_error_component(operations):
             )
 
 
-def test_401_429_503_wherever_they_apply(operations):
+def test_401_413_429_503_wherever_they_apply(operations):
     for operation_id, op in operations.items():
         statuses = set(op["responses"])
-        assert {"429", "503"} <= statuses, operation_id
+        assert {"413", "429", "503"} <= statuses, operation_id
         if operation_id == "internal_payment_execute":
             assert "401" not in statuses  # a wrong X-Internal-Auth is a 404
         else:
@@ -341,3 +341,21 @@ def test_a_delete_cancel_with_a_body_answers_only_what_it_declares(operations, a
     assert text.status_code == 415 and str(text.status_code) in declared
     reason = alice.api.generic("DELETE", url, '{"reason": "changed my mind"}', "application/json")
     assert reason.status_code == 200 and reason.json()["status"] == "CANCELLED"
+
+
+@pytest.mark.django_db
+def test_a_request_of_any_method_over_the_body_limit_is_a_declared_413(operations, alice, settings):
+    """The body limit judges every API request by its Content-Length, before
+    authentication: a GET or a pause carrying one answered a 413 that only the
+    operations with a request body declared."""
+    pid = alice.schedule().json()["payment_id"]
+    settings.API_MAX_BODY_BYTES = 10
+    for operation_id, method, path in [
+        ("payments_retrieve", "GET", f"/api/v1/payments/{pid}"),
+        ("payments_list", "GET", "/api/v1/payments"),
+        ("payments_cancel_delete", "DELETE", f"/api/v1/payments/{pid}/cancel"),
+    ]:
+        response = alice.api.generic(method, path, "x" * 11, content_type="application/json")
+        assert response.status_code == 413, operation_id
+        assert response.json()["error"]["code"] == "payload_too_large"
+        assert "413" in operations[operation_id]["responses"], operation_id
