@@ -279,6 +279,9 @@ REST_FRAMEWORK = {
     # ignored (anyone can write it); behind one proxy (that appends), set 1.
     "NUM_PROXIES": env.int("NUM_PROXIES", default=0),
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    # ?format=xml and an Accept no renderer meets get JSON, not DRF's
+    # undeclared 404 / 406 (payments/api/negotiation.py).
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "payments.api.negotiation.FirstRendererIfUnmet",
     # DRF's JSON parser plus a 400 for JSON that PostgreSQL or UTF-8 cannot carry.
     "DEFAULT_PARSER_CLASSES": ["payments.api.parsers.JSONParser"],
     "EXCEPTION_HANDLER": "payments.api.errors.exception_handler",

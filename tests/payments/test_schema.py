@@ -359,3 +359,26 @@ def test_a_request_of_any_method_over_the_body_limit_is_a_declared_413(operation
         assert response.status_code == 413, operation_id
         assert response.json()["error"]["code"] == "payload_too_large"
         assert "413" in operations[operation_id]["responses"], operation_id
+
+
+@pytest.mark.django_db
+def test_a_representation_the_api_does_not_have_is_answered_in_json(client, alice):
+    """``?format=xml`` was DRF's 404 and ``Accept: application/xml`` its 406, on
+    operations that declare neither; both now get the JSON the API has. The
+    schema view still honours the formats it has."""
+    pid = alice.schedule().json()["payment_id"]
+    for response in (
+        alice.api.get(f"/api/v1/payments/{pid}", {"format": "xml"}),
+        alice.api.get(f"/api/v1/payments/{pid}", HTTP_ACCEPT="application/xml"),
+        alice.api.get("/api/v1/payments", HTTP_ACCEPT="application/xml"),
+    ):
+        assert response.status_code == 200, response.status_code
+        assert response["Content-Type"].startswith("application/json")
+        assert response.json()
+    # a list reads its query strictly: format is not one of its parameters (a declared 400)
+    listed = alice.api.get("/api/v1/payments", {"format": "xml"})
+    assert listed.status_code == 400 and listed.json()["error"]["code"] == "validation_error"
+    assert client.get("/api/schema/", {"format": "json"})["Content-Type"].startswith(
+        "application/vnd.oai.openapi+json"
+    )
+    assert client.get("/api/schema/", {"format": "xml"}).status_code == 200
