@@ -11,6 +11,7 @@ likely fail the same way, and what is done stays done).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from django.conf import settings
@@ -69,7 +70,7 @@ def one_by_one(
     return count
 
 
-class _ChangeList(ChangeList):
+class _OverflowIsABadLookup:
     def get_filters(self, request):
         try:
             return super().get_filters(request)
@@ -77,6 +78,12 @@ class _ChangeList(ChangeList):
             # ?due_at__year=999…9: Django's date drill-down turns a ValueError
             # into ?e=1, but the year overflows datetime() first — a 500
             raise IncorrectLookupParameters(exc) from exc
+
+
+@functools.cache
+def _guarded_changelist(base: type[ChangeList]) -> type[ChangeList]:
+    """``base`` (Django's ChangeList, or a third party's own) with the guard."""
+    return type(base.__name__, (_OverflowIsABadLookup, base), {})
 
 
 class ValidSelection:
@@ -87,7 +94,7 @@ class ValidSelection:
     year past datetime's range answers ``?e=1`` like any bad filter value."""
 
     def get_changelist(self, request, **kwargs):
-        return _ChangeList
+        return _guarded_changelist(super().get_changelist(request, **kwargs))
 
     def response_action(self, request, queryset):
         pk = self.model._meta.pk
@@ -166,10 +173,14 @@ def guard_every_admin(site: admin.AdminSite) -> None:
     and Django auth's too, which have not ours — the request guards of
     ``ValidSelection`` and the count of ``LargeTables`` (and axes' attempts
     ``AxesAttemptTime``): registered again as a
-    subclass with the missing mixins first. Run once the admin modules are
+    subclass with the missing mixins first. A third party's own ChangeList is
+    kept (the guard is mixed into it) and so is its own paginator (no
+    ``LargeTables`` then). Run once the admin modules are
     loaded (``PaymentsConfig.ready``: the admin's autodiscovery runs first)."""
     for model, model_admin in list(site._registry.items()):
-        mixins = [ValidSelection, LargeTables]
+        mixins = [ValidSelection]
+        if model_admin.paginator is Paginator:  # a third party's own paginator is kept
+            mixins.append(LargeTables)
         if hasattr(model_admin, "cleanup_expired_attempts"):  # django-axes' attempts
             mixins.insert(0, AxesAttemptTime)
         missing = tuple(m for m in mixins if not isinstance(model_admin, m))

@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 from django.contrib.admin.models import LogEntry
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.db import connection
 from django.test import RequestFactory
 from django.test.utils import CaptureQueriesContext
@@ -382,3 +383,40 @@ def test_axes_clean_up_of_expired_attempts_works_from_the_admin(superadmin, sett
     assert response.status_code == 200
     assert "Cleaned up 1 expired access attempts." in response.content.decode()
     assert list(AccessAttempt.objects.values_list("pk", flat=True)) == [fresh.pk]
+
+
+def test_the_guards_keep_a_third_partys_own_changelist_and_paginator(rf, superadmin):
+    """The mixins go in front of the third party's class: its own ChangeList
+    (the guard is mixed into it) and its own paginator must survive."""
+    from django.contrib import admin
+    from django.contrib.admin.views.main import ChangeList
+    from django.core.paginator import Paginator
+
+    from ledger.models import ReconciliationRun
+    from scheduler_project.admin_actions import LargeTables, ValidSelection, guard_every_admin
+
+    class TheirChangeList(ChangeList):
+        pass
+
+    class TheirPaginator(Paginator):
+        pass
+
+    class TheirAdmin(admin.ModelAdmin):
+        paginator = TheirPaginator
+        date_hierarchy = "started_at"
+
+        def get_changelist(self, request, **kwargs):
+            return TheirChangeList
+
+    site = admin.AdminSite(name="third_party")
+    site.register(ReconciliationRun, TheirAdmin)
+    guard_every_admin(site)
+    model_admin = site.get_model_admin(ReconciliationRun)
+    assert isinstance(model_admin, ValidSelection) and not isinstance(model_admin, LargeTables)
+    assert model_admin.paginator is TheirPaginator
+    request = rf.get("/", {"started_at__year": "9" * 30})
+    request.user = superadmin.user
+    changelist = model_admin.get_changelist(request)
+    assert issubclass(changelist, TheirChangeList)
+    with pytest.raises(IncorrectLookupParameters):
+        model_admin.get_changelist_instance(request)
