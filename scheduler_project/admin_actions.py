@@ -172,11 +172,11 @@ def guard_every_admin(site: admin.AdminSite) -> None:
     """Give every ModelAdmin on ``site`` — django-axes', django-celery-beat's
     and Django auth's too, which have not ours — the request guards of
     ``ValidSelection`` and the count of ``LargeTables`` (and axes' attempts
-    ``AxesAttemptTime``): registered again as a
-    subclass with the missing mixins first. A third party's own ChangeList is
-    kept (the guard is mixed into it) and so is its own paginator (no
-    ``LargeTables`` then). Run once the admin modules are
-    loaded (``PaymentsConfig.ready``: the admin's autodiscovery runs first)."""
+    ``AxesAttemptTime``): registered again as a subclass with the missing
+    mixins first. A third party's own ChangeList is kept (the guard is mixed
+    into it) and so is its own paginator (no ``LargeTables`` then). Run once
+    the admin modules are loaded (``PaymentsConfig.ready``: the admin's
+    autodiscovery runs first)."""
     for model, model_admin in list(site._registry.items()):
         mixins = [ValidSelection]
         if model_admin.paginator is Paginator:  # a third party's own paginator is kept
