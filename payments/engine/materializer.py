@@ -24,7 +24,10 @@ Isolation (DESIGN §8): a run is time-boxed and handles a bounded number of
 instants per schedule; each schedule is handled in transactions of its own
 (at most ``RECURRING_OCCURRENCES_PER_TRANSACTION`` holds each, so no source
 account stays locked long), and one that raises is parked (paused with a
-reason) instead of stopping the run.
+reason) instead of stopping the run. No statement of those transactions runs
+longer than ``RECURRING_STATEMENT_TIMEOUT_SECONDS``: a schedule whose source
+account another session keeps locked is left for a later run instead of
+holding this one, and later runs take it after every other (``Deferred``).
 
 Every occurrence row is UNIQUE (schedule, instant), so even two materialisers
 that both got hold of a schedule could not create an occurrence twice.
@@ -42,6 +45,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, transaction
 from django.db.models import Q
 
+from ledger.db import set_local, transaction_time_bound
 from ledger.exceptions import AccountNotActive, AmountOverLimit, LedgerError
 from ledger.models import Account, AccountStatus
 from ledger.services import LedgerBatch
@@ -61,6 +65,50 @@ from ..models import (
 )
 
 logger = logging.getLogger(__name__)
+
+QUERY_CANCELED_SQLSTATE = "57014"  # statement_timeout (or an operator's pg_cancel_backend)
+
+
+class Deferred:
+    """Schedules whose transaction ran out of ``RECURRING_STATEMENT_TIMEOUT_SECONDS``
+    lately — most often waiting for a source account another session holds — to
+    be taken after every other schedule of a run for ``seconds``, so that one
+    lock nobody releases costs each run at most one statement's wait, at its end,
+    not the time box of every client behind it. Per process (the recurring
+    worker), lost with it: at worst one more wait at the front of a run. Capped at
+    ``limit`` ids, oldest dropped; a schedule that goes through leaves at once."""
+
+    def __init__(self, seconds: float = 60.0, limit: int = 10_000, clock=time.monotonic) -> None:
+        self.seconds = seconds
+        self.limit = limit
+        self.clock = clock
+        self._until: dict = {}  # schedule id -> expiry by ``clock``, in insertion order
+
+    def add(self, schedule_id) -> None:
+        self._until.pop(schedule_id, None)
+        self._until[schedule_id] = self.clock() + self.seconds
+        while len(self._until) > self.limit:
+            del self._until[next(iter(self._until))]
+
+    def __contains__(self, schedule_id) -> bool:
+        until = self._until.get(schedule_id)
+        if until is None:
+            return False
+        if until <= self.clock():
+            del self._until[schedule_id]
+            return False
+        return True
+
+    def discard(self, schedule_id) -> None:
+        self._until.pop(schedule_id, None)
+
+
+deferred = Deferred()
+
+
+def statement_timed_out(exc: BaseException) -> bool:
+    """Whether a database error is a statement cancelled by its time limit."""
+    return getattr(exc.__cause__, "sqlstate", None) == QUERY_CANCELED_SQLSTATE
 
 
 @dataclass
@@ -87,7 +135,8 @@ def materialize_due(
     passed; the next run, a few seconds later, carries on. Schedules whose
     next occurrence is on time come first (most urgent first), then those
     catching up on occurrences missed while the service was down, each schedule
-    at most once per run.
+    at most once per run; a schedule that lately ran out of its statement time
+    limit (``Deferred``) comes after all of those.
 
     Each schedule is handled in transactions of its own (``materialize_one``). A
     schedule that raises is parked — paused with a ``status_reason``, a
@@ -105,6 +154,7 @@ def materialize_due(
     horizon = now + timedelta(seconds=settings.RECURRING_MATERIALIZE_AHEAD_SECONDS)
     cutoff = now - timedelta(seconds=settings.RECURRING_MISSED_GRACE_SECONDS)
     seen: set = set()
+    last: list = []  # deferred schedules found due, in the order found
     for window in (Q(next_run_at__gte=cutoff, next_run_at__lte=horizon), Q(next_run_at__lt=cutoff)):
         after = None
         while not result.budget_exhausted:
@@ -118,12 +168,21 @@ def materialize_due(
                 if time.monotonic() - started >= budget:
                     result.budget_exhausted = True
                     break
-                if row[1] not in seen:
-                    seen.add(row[1])
+                if row[1] in seen:
+                    continue
+                seen.add(row[1])
+                if row[1] in deferred:
+                    last.append(row[1])
+                else:
                     _materialize_isolated(row[1], result)
             if len(rows) < batch:
                 break
             after = rows[-1]
+    for schedule_id in last:
+        if time.monotonic() - started >= budget:
+            result.budget_exhausted = True
+            break
+        _materialize_isolated(schedule_id, result)
     backlog = RecurringBacklog.objects.order_by("pk").values_list("pk", flat=True)
     for backlog_id in list(backlog[:batch]):
         if time.monotonic() - started >= budget:
@@ -223,10 +282,21 @@ def _materialize_isolated(schedule_id, result: MaterializeResult) -> None:
     """``materialize_one``, with this schedule's failure kept to this schedule."""
     try:
         materialize_one(schedule_id, result)
-    except (OperationalError, InterfaceError):
+    except (OperationalError, InterfaceError) as exc:
         # The database, not the schedule: leave it as it was for the next run.
         result.retry_later += 1
         metrics.recurring_errors.labels(outcome="retry").inc()
+        if statement_timed_out(exc):
+            # another session holds its account (or a row it needs): not its
+            # fault either, but later runs take it last (``Deferred``)
+            deferred.add(schedule_id)
+            logger.warning(
+                "recurring %s: a statement ran out of its %s s limit (a row locked "
+                "elsewhere?); retried next run, after the others",
+                schedule_id,
+                settings.RECURRING_STATEMENT_TIMEOUT_SECONDS,
+            )
+            return
         logger.warning("recurring %s: database error, retried next run", schedule_id, exc_info=True)
     except Exception as exc:
         result.paused_on_error += 1
@@ -305,6 +375,7 @@ def materialize_one(schedule_id, result: MaterializeResult | None = None) -> Mat
             break  # another materialiser has it, or it is no longer active
         if left == settings.RECURRING_MAX_OCCURRENCES_PER_RUN:
             result.schedules += 1  # its first piece: the schedule was handled
+            deferred.discard(schedule_id)
         handled, more = piece
         left -= handled
         if not (more and handled):
@@ -316,8 +387,15 @@ def _materialize_piece(schedule_id, result: MaterializeResult, cap: int) -> tupl
     """One transaction of ``materialize_one``: at most ``cap`` instants, of which at
     most ``RECURRING_OCCURRENCES_PER_TRANSACTION`` run. Returns the instants
     handled and whether occurrences to run were left for another piece; None
-    when the schedule could not be locked."""
+    when the schedule could not be locked. No statement of it waits or runs
+    longer than ``RECURRING_STATEMENT_TIMEOUT_SECONDS`` (PostgreSQL's
+    ``statement_timeout``, local to the transaction; an ``OperationalError``
+    past it, which rolls the piece back)."""
     with transaction.atomic():
+        # the statement limit only: an idle-in-transaction limit would end the
+        # session itself, and the run's next schedules would find it closed
+        bound = transaction_time_bound(settings.RECURRING_STATEMENT_TIMEOUT_SECONDS)
+        set_local({"statement_timeout": bound["statement_timeout"]})
         schedule = locks.lock_active_schedule(schedule_id, skip_locked=True)
         if schedule is None:
             return None

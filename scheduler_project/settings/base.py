@@ -616,6 +616,11 @@ RECURRING_MATERIALIZE_BUDGET_SECONDS = env.float(
     "RECURRING_MATERIALIZE_BUDGET_SECONDS", default=2.0
 )
 RECURRING_MATERIALIZE_BATCH = env.int("RECURRING_MATERIALIZE_BATCH", default=200)
+# No statement of the materialiser's transactions waits or runs longer than this
+# (PostgreSQL's statement_timeout, local to each): a schedule whose source account
+# another session keeps locked is retried by a later run, after the others,
+# instead of holding up every client's schedules for as long as the lock lasts.
+RECURRING_STATEMENT_TIMEOUT_SECONDS = env.float("RECURRING_STATEMENT_TIMEOUT_SECONDS", default=1.0)
 RECURRING_MAX_OCCURRENCES_PER_RUN = env.int("RECURRING_MAX_OCCURRENCES_PER_RUN", default=200)
 # The occurrences of one schedule that run (a hold each) are committed this many
 # at a time: a hold locks the source account until commit, and the payment

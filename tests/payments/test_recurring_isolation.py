@@ -6,11 +6,13 @@ one schedule's exception end the whole run.
 """
 
 import logging
+import threading
+import time
 from datetime import UTC, datetime, timedelta
 from itertools import groupby
 
 import pytest
-from django.db import OperationalError, connection
+from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
 from payments import calendar, metrics
@@ -455,3 +457,115 @@ def test_a_schedule_refuses_destinations_like_a_one_off_payment(alice, bob):
         bodies.append((err["code"], err["message"].replace(str(target), "N"), err["details"]))
     assert len({(code, message) for code, message, _ in bodies}) == 1
     assert RecurringPayment.objects.count() == 0
+
+
+class LockedAccount:
+    """Another session (an operator's psql, a stuck process) holding ``account_id``'s
+    row lock in an open transaction until ``release()`` — or ``hold_for`` seconds,
+    so a test of code that waits for it fails instead of hanging."""
+
+    def __init__(self, account_id, hold_for: float = 20.0):
+        self.account_id = account_id
+        self.hold_for = hold_for
+        self.locked = threading.Event()
+        self.done = threading.Event()
+        self.errors: list = []
+        self.thread = threading.Thread(target=self._hold)
+
+    def _hold(self):
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT 1 FROM ledger_account WHERE id = %s FOR UPDATE", [self.account_id]
+                )
+                self.locked.set()
+                self.done.wait(self.hold_for)
+        except BaseException as exc:
+            self.errors.append(exc)
+        finally:
+            self.locked.set()
+            connection.close()
+
+    def __enter__(self):
+        self.thread.start()
+        assert self.locked.wait(30)
+        return self
+
+    def release(self):
+        self.done.set()
+        self.thread.join(30)
+        assert not self.thread.is_alive() and self.errors == []
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_locked_source_account_holds_up_no_other_clients_schedule(settings, monkeypatch):
+    """DESIGN §8: one client's source account locked by another session for as long as
+    it likes (here a transaction left open) must not stop the materialiser for the
+    others. Each statement of a schedule's transaction waits at most
+    RECURRING_STATEMENT_TIMEOUT_SECONDS; the schedule is left for a later run
+    (retry, not parked: not its fault), the run goes on, and later runs take such a
+    schedule after every other, so it cannot take their time box either. Once the
+    lock goes, it runs. Before, the run waited on the lock as long as it was held."""
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks: PostgreSQL")
+    settings.RECURRING_STATEMENT_TIMEOUT_SECONDS = 0.2
+    monkeypatch.setattr(materializer, "deferred", materializer.Deferred())
+    real_clock = time.monotonic
+    first, second = UserFactory(), UserFactory()
+    source = AccountFactory(owner=first, funded=100_000).pk
+    others = [AccountFactory(owner=second, funded=100_000).pk for _ in range(2)]
+    soon = timezone.now() + timedelta(seconds=20)
+    # the stuck one is the most urgent: first in every run's order but for the fix
+    stuck = make_schedule(source, AccountFactory(owner=first).pk, start=soon)
+    other = make_schedule(others[0], others[1], start=soon + timedelta(seconds=1))
+    retry_before = counter(metrics.recurring_errors, outcome="retry")
+    with LockedAccount(source) as lock:
+        result = materializer.materialize_due()
+        assert (result.retry_later, result.scheduled, result.paused_on_error) == (1, 1, 0)
+        assert counter(metrics.recurring_errors, outcome="retry") == retry_before + 1
+        assert Payment.objects.filter(recurring=other).count() == 1
+        assert not Payment.objects.filter(recurring=stuck).exists()
+        stuck.refresh_from_db()
+        assert (stuck.status, stuck.status_reason) == ("active", "")
+        # the next run, its time box read twice (one second a reading): a schedule
+        # that came due meanwhile goes first, though the stuck one is still the
+        # most urgent, which waits for the end of the run and finds it over
+        later = make_schedule(others[1], others[0], start=soon + timedelta(seconds=2))
+        monkeypatch.setattr(materializer.time, "monotonic", FakeClock())
+        run = materializer.materialize_due(budget_seconds=2.5)
+        assert (run.schedules, run.scheduled, run.retry_later) == (1, 1, 0)
+        assert run.budget_exhausted
+        assert Payment.objects.filter(recurring=later).count() == 1
+        assert lock.thread.is_alive()  # all of it while the lock was held
+    monkeypatch.setattr(materializer.time, "monotonic", real_clock)
+    run = materializer.materialize_due()  # the lock gone: it runs, after the others
+    assert (run.scheduled, run.retry_later) == (1, 0)
+    assert Payment.objects.filter(recurring=stuck).count() == 1
+
+
+def test_a_deferred_schedule_leaves_when_it_runs_when_its_time_is_up_or_past_the_cap(
+    accounts, monkeypatch
+):
+    now = [100.0]
+    deferred = materializer.Deferred(seconds=60, limit=2, clock=lambda: now[0])
+    deferred.add("a")
+    now[0] += 59.9
+    assert "a" in deferred
+    now[0] += 0.1
+    assert "a" not in deferred  # its minute is up
+    for name in ("a", "b", "c"):
+        deferred.add(name)
+    assert [n in deferred for n in ("a", "b", "c")] == [False, True, True]  # the oldest went
+    deferred.add("b")  # again: now the newest
+    deferred.add("d")
+    assert [n in deferred for n in ("b", "c", "d")] == [True, False, True]
+    # a schedule that goes through is no longer taken last
+    source, target = accounts
+    schedule = make_schedule(source, target, start=timezone.now() + timedelta(seconds=5))
+    monkeypatch.setattr(materializer, "deferred", deferred)
+    deferred.add(schedule.pk)
+    assert materializer.materialize_one(schedule.pk).scheduled == 1
+    assert schedule.pk not in deferred and "d" in deferred
