@@ -99,6 +99,7 @@ def record_reap(result) -> None:
     reaped.labels(outcome="requeued").inc(result.requeued)
     reaped.labels(outcome="dead_lettered").inc(result.dead_lettered)
     reaped.labels(outcome="error").inc(result.errors)
+    reaped.labels(outcome="timed_out").inc(result.timed_out)
     failed.labels(error_code=DEAD_LETTER_CODE).inc(result.dead_lettered)
     if result.budget_exhausted:
         reaper_budget_exhausted.inc()

@@ -266,6 +266,7 @@ def reap_leases() -> dict:
         "requeued": result.requeued,
         "dead_lettered": result.dead_lettered,
         "errors": result.errors,
+        "timed_out": result.timed_out,
         "budget_exhausted": result.budget_exhausted,
     }
 

@@ -45,7 +45,6 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, transaction
 from django.db.models import Q
 
-from ledger.db import set_local, transaction_time_bound
 from ledger.exceptions import AccountNotActive, AmountOverLimit, LedgerError
 from ledger.models import Account, AccountStatus
 from ledger.services import LedgerBatch
@@ -63,10 +62,9 @@ from ..models import (
     RecurringPayment,
     RecurringStatus,
 )
+from .bounds import bound_statements, statement_timed_out
 
 logger = logging.getLogger(__name__)
-
-QUERY_CANCELED_SQLSTATE = "57014"  # statement_timeout (or an operator's pg_cancel_backend)
 
 
 class Deferred:
@@ -104,11 +102,6 @@ class Deferred:
 
 
 deferred = Deferred()
-
-
-def statement_timed_out(exc: BaseException) -> bool:
-    """Whether a database error is a statement cancelled by its time limit."""
-    return getattr(exc.__cause__, "sqlstate", None) == QUERY_CANCELED_SQLSTATE
 
 
 @dataclass
@@ -392,10 +385,7 @@ def _materialize_piece(schedule_id, result: MaterializeResult, cap: int) -> tupl
     ``statement_timeout``, local to the transaction; an ``OperationalError``
     past it, which rolls the piece back)."""
     with transaction.atomic():
-        # the statement limit only: an idle-in-transaction limit would end the
-        # session itself, and the run's next schedules would find it closed
-        bound = transaction_time_bound(settings.RECURRING_STATEMENT_TIMEOUT_SECONDS)
-        set_local({"statement_timeout": bound["statement_timeout"]})
+        bound_statements(settings.RECURRING_STATEMENT_TIMEOUT_SECONDS)
         schedule = locks.lock_active_schedule(schedule_id, skip_locked=True)
         if schedule is None:
             return None

@@ -9,7 +9,10 @@ are used up, dead-letters it (``transitions.dead_letter``: FAILED
 timer worker (``payments.reap_leases``), beside the sweeper, so its run is
 bounded in time as well as in rows: the requeue is one statement, but each
 dead letter is a transaction of its own (~10 ms), and a run of thousands
-would hold up every client's sweeps.
+would hold up every client's sweeps. For the same reason no statement of a
+dead letter waits longer than ``PAYMENT_REAPER_STATEMENT_TIMEOUT_SECONDS`` for
+a lock (its hold's account, which another session may keep locked for as
+long as it likes): that payment is put off, and the run goes on.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from django.db import InterfaceError, OperationalError, transaction
 from .. import locks, transitions
 from ..clock import db_now
 from ..models import Payment, PaymentStatus
+from .bounds import bound_statements, statement_timed_out
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +39,7 @@ class ReapResult:
     requeued: int = 0
     dead_lettered: int = 0
     errors: int = 0  # dead letters that raised: logged, put off PUT_OFF_SECONDS (still QUEUED)
+    timed_out: int = 0  # dead letters past their statement limit (a lock held): put off too
     budget_exhausted: bool = False
 
 
@@ -48,12 +53,14 @@ def reap_leases(*, limit: int = 10_000, budget_seconds: float | None = None) -> 
     traceback), counted in ``errors`` and put off: its lease moved
     ``PUT_OFF_SECONDS`` on with a ``dead_letter_failed`` event
     (``transitions.dead_letter_put_off``), so neither this run nor the next
-    ones spend their budget on it first; the others go on. A database error
-    that may be transient (connection lost, server shutting down) ends the run:
-    every other row would fail the same way.
-
-    The budget is checked between rows: one dead letter waiting for a lock
-    (its hold's account) can still take up to the database's own limits.
+    ones spend their budget on it first; the others go on. So is one whose
+    statement ran past ``PAYMENT_REAPER_STATEMENT_TIMEOUT_SECONDS``
+    (``timed_out``; a WARNING line): the budget is checked between rows, and
+    before that limit one dead letter waiting for a lock another session kept
+    (its hold's account) held the run, and the timer worker's sweeps of every
+    client, for as long as that lock lasted. Any other database error that may
+    be transient (connection lost, server shutting down) ends the run: every
+    other row would fail the same way.
     """
     result = ReapResult()
     max_attempts = settings.PAYMENT_MAX_ATTEMPTS
@@ -77,8 +84,19 @@ def reap_leases(*, limit: int = 10_000, budget_seconds: float | None = None) -> 
         try:
             if _dead_letter(payment_id):
                 result.dead_lettered += 1
-        except (OperationalError, InterfaceError):
-            raise
+        except (OperationalError, InterfaceError) as exc:
+            if not statement_timed_out(exc):
+                raise
+            result.timed_out += 1
+            logger.warning(
+                "reaper: dead-lettering payment %s waited past %s s (a row locked "
+                "elsewhere?); put off %s s",
+                payment_id,
+                settings.PAYMENT_REAPER_STATEMENT_TIMEOUT_SECONDS,
+                PUT_OFF_SECONDS,
+                extra={"payment_id": str(payment_id)},
+            )
+            _put_off(payment_id)
         except Exception:
             result.errors += 1
             logger.exception(
@@ -101,11 +119,14 @@ def reap_leases(*, limit: int = 10_000, budget_seconds: float | None = None) -> 
 def _put_off(payment_id) -> None:
     try:
         with transaction.atomic():
+            bound_statements(settings.PAYMENT_REAPER_STATEMENT_TIMEOUT_SECONDS)
             payment = locks.lock_expired_claim(payment_id)
             if payment is not None:
                 transitions.dead_letter_put_off(payment, now=db_now(), seconds=PUT_OFF_SECONDS)
-    except (OperationalError, InterfaceError):
-        raise
+    except (OperationalError, InterfaceError) as exc:
+        if not statement_timed_out(exc):
+            raise
+        logger.warning("reaper could not put off payment %s either (a lock held)", payment_id)
     except Exception:
         logger.exception("reaper could not put off payment %s either", payment_id)
 
@@ -114,6 +135,7 @@ def _dead_letter(payment_id) -> bool:
     """Dead-letter one payment in a transaction of its own (one bad row cannot
     stop the others); False if it is busy or moved on meanwhile."""
     with transaction.atomic():
+        bound_statements(settings.PAYMENT_REAPER_STATEMENT_TIMEOUT_SECONDS)
         payment = locks.lock_expired_claim(payment_id)
         if payment is None:
             return False

@@ -599,6 +599,12 @@ PAYMENT_BATCH_TIMEOUT_SECONDS = env.float("PAYMENT_BATCH_TIMEOUT_SECONDS", defau
 # dead letter (a transaction each) after this many seconds of a run; the next
 # run, 5 s later, carries on, oldest lease first.
 PAYMENT_REAPER_BUDGET_SECONDS = env.float("PAYMENT_REAPER_BUDGET_SECONDS", default=0.5)
+# ...and no statement of a dead letter waits longer than this (statement_timeout,
+# local to its transaction): one whose hold's account another session keeps
+# locked is put off a minute instead of holding up the timer worker's sweeps.
+PAYMENT_REAPER_STATEMENT_TIMEOUT_SECONDS = env.float(
+    "PAYMENT_REAPER_STATEMENT_TIMEOUT_SECONDS", default=0.5
+)
 # Executor retries of a chunk on transient database errors before splitting it.
 PAYMENT_CHUNK_RETRIES = env.int("PAYMENT_CHUNK_RETRIES", default=3)
 # Recurring payments: occurrences are materialised (hold placed, payment

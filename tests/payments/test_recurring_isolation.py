@@ -6,15 +6,15 @@ one schedule's exception end the whole run.
 """
 
 import logging
-import threading
 import time
 from datetime import UTC, datetime, timedelta
 from itertools import groupby
 
 import pytest
-from django.db import OperationalError, connection, transaction
+from django.db import OperationalError, connection
 from django.utils import timezone
 
+from ledger.models import Account
 from payments import calendar, metrics
 from payments.engine import materializer
 from payments.models import (
@@ -27,6 +27,7 @@ from payments.models import (
 from tests.concurrency import in_other_connection, run_in_threads
 from tests.factories import AccountFactory, UserFactory
 from tests.payments.conftest import Client, dispatched
+from tests.payments.engine.timer import in_another_transaction
 from tests.payments.test_api import error
 from tests.payments.test_recurring import create as create_schedule
 from tests.payments.test_recurring import make_schedule
@@ -459,47 +460,6 @@ def test_a_schedule_refuses_destinations_like_a_one_off_payment(alice, bob):
     assert RecurringPayment.objects.count() == 0
 
 
-class LockedAccount:
-    """Another session (an operator's psql, a stuck process) holding ``account_id``'s
-    row lock in an open transaction until ``release()`` — or ``hold_for`` seconds,
-    so a test of code that waits for it fails instead of hanging."""
-
-    def __init__(self, account_id, hold_for: float = 20.0):
-        self.account_id = account_id
-        self.hold_for = hold_for
-        self.locked = threading.Event()
-        self.done = threading.Event()
-        self.errors: list = []
-        self.thread = threading.Thread(target=self._hold)
-
-    def _hold(self):
-        try:
-            with transaction.atomic(), connection.cursor() as cursor:
-                cursor.execute(
-                    "SELECT 1 FROM ledger_account WHERE id = %s FOR UPDATE", [self.account_id]
-                )
-                self.locked.set()
-                self.done.wait(self.hold_for)
-        except BaseException as exc:
-            self.errors.append(exc)
-        finally:
-            self.locked.set()
-            connection.close()
-
-    def __enter__(self):
-        self.thread.start()
-        assert self.locked.wait(30)
-        return self
-
-    def release(self):
-        self.done.set()
-        self.thread.join(30)
-        assert not self.thread.is_alive() and self.errors == []
-
-    def __exit__(self, *exc):
-        self.release()
-
-
 @pytest.mark.django_db(transaction=True)
 def test_a_locked_source_account_holds_up_no_other_clients_schedule(settings, monkeypatch):
     """DESIGN §8: one client's source account locked by another session for as long as
@@ -522,7 +482,10 @@ def test_a_locked_source_account_holds_up_no_other_clients_schedule(settings, mo
     stuck = make_schedule(source, AccountFactory(owner=first).pk, start=soon)
     other = make_schedule(others[0], others[1], start=soon + timedelta(seconds=1))
     retry_before = counter(metrics.recurring_errors, outcome="retry")
-    with LockedAccount(source) as lock:
+    release = in_another_transaction(
+        lambda: Account.objects.select_for_update().filter(pk=source).first(), release_after=20
+    )
+    try:
         result = materializer.materialize_due()
         assert (result.retry_later, result.scheduled, result.paused_on_error) == (1, 1, 0)
         assert counter(metrics.recurring_errors, outcome="retry") == retry_before + 1
@@ -539,7 +502,11 @@ def test_a_locked_source_account_holds_up_no_other_clients_schedule(settings, mo
         assert (run.schedules, run.scheduled, run.retry_later) == (1, 1, 0)
         assert run.budget_exhausted
         assert Payment.objects.filter(recurring=later).count() == 1
-        assert lock.thread.is_alive()  # all of it while the lock was held
+        # all of it while the lock was held
+        lock = "SELECT 1 FROM ledger_account WHERE id = %s FOR UPDATE NOWAIT"
+        assert in_other_connection(lock, [source]) == "LockNotAvailable"
+    finally:
+        release()
     monkeypatch.setattr(materializer.time, "monotonic", real_clock)
     run = materializer.materialize_due()  # the lock gone: it runs, after the others
     assert (run.scheduled, run.retry_later) == (1, 0)

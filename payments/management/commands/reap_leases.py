@@ -22,6 +22,11 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps(dataclasses.asdict(result)))
         else:
             line = f"Requeued {result.requeued}, dead-lettered {result.dead_lettered} payments."
+            if result.timed_out:
+                line += (
+                    f" {result.timed_out} waited too long for a row locked elsewhere"
+                    " and were put off a minute."
+                )
             if result.budget_exhausted:
                 line += " Stopped at the time budget: run again for the rest."
             self.stdout.write(line)

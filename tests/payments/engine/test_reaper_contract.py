@@ -20,6 +20,7 @@ from payments import tasks, transitions
 from payments.clock import db_now
 from payments.engine import reaper
 from payments.models import Payment, PaymentEvent, WebhookEvent
+from tests.concurrency import in_other_connection
 from tests.factories import AccountFactory
 from tests.payments.engine.timer import in_another_transaction, queued_payment
 
@@ -224,6 +225,7 @@ def test_the_reaper_logs_what_it_did_and_nothing_when_idle(alice, settings, capl
             "requeued": 2,
             "dead_lettered": 1,
             "errors": 0,
+            "timed_out": 0,
             "budget_exhausted": False,
         }
     (record,) = [r for r in caplog.records if r.name == "payments.engine.reaper"]
@@ -256,6 +258,52 @@ def test_a_dead_letter_locked_elsewhere_is_skipped_not_waited_for(settings):
     assert result.dead_lettered == 0
     assert Payment.objects.get(pk=payment.pk).status == "QUEUED"
     assert reaper.reap_leases().dead_lettered == 1
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_an_account_locked_elsewhere_puts_its_dead_letter_off_and_the_run_goes_on(settings, caplog):
+    """DESIGN §8: a dead letter releases its hold, which locks the payer's account;
+    another session may keep that row locked as long as it likes (a staff action, an
+    operator's open transaction). The reaper shares the timer worker with the sweeper:
+    it waited for as long as the lock lasted, and every client's sweeps with it, and
+    the dead letters behind that one were not reached. Now the statement gives up after
+    PAYMENT_REAPER_STATEMENT_TIMEOUT_SECONDS, that payment is put off a minute (still
+    QUEUED, hold kept) and the next one is dead-lettered in the same run."""
+    settings.PAYMENT_MAX_ATTEMPTS = 1
+    settings.PAYMENT_REAPER_STATEMENT_TIMEOUT_SECONDS = 0.2
+    locked_source, other_source = AccountFactory(funded=1_000), AccountFactory(funded=1_000)
+    stuck = queued_payment(locked_source, AccountFactory(), lease_expires_at=db_now() - 2 * SECOND)
+    behind = queued_payment(other_source, AccountFactory(), lease_expires_at=db_now() - SECOND)
+    done = in_another_transaction(
+        lambda: Account.objects.select_for_update().filter(pk=locked_source.pk).first(),
+        release_after=20,
+    )
+    try:
+        with caplog.at_level(logging.WARNING, logger="payments.engine.reaper"):
+            result = tasks.reap_leases()
+        # the lock is still held: the run did not wait it out
+        lock = "SELECT 1 FROM ledger_account WHERE id = %s FOR UPDATE NOWAIT"
+        assert in_other_connection(lock, [locked_source.pk]) == "LockNotAvailable"
+    finally:
+        done()
+    assert result == {
+        "requeued": 0,
+        "dead_lettered": 1,
+        "errors": 0,
+        "timed_out": 1,
+        "budget_exhausted": False,
+    }
+    assert Payment.objects.get(pk=behind.pk).status == "FAILED"
+    stuck = Payment.objects.get(pk=stuck.pk)
+    assert stuck.status == "QUEUED" and stuck.hold.status == "active"
+    assert stuck.lease_expires_at > db_now() + 50 * SECOND  # put off a minute
+    assert stuck.events.filter(type="dead_letter_failed").count() == 1
+    assert any(str(stuck.pk) in r.getMessage() for r in caplog.records)
+    # once its time comes again, it goes through
+    Payment.objects.filter(pk=stuck.pk).update(lease_expires_at=db_now() - SECOND)
+    assert reaper.reap_leases().dead_lettered == 1
+    assert Payment.objects.get(pk=stuck.pk).status == "FAILED"
 
 
 @pytest.mark.postgres
@@ -565,6 +613,7 @@ def test_the_command_exits_non_zero_when_a_dead_letter_raised(
         "requeued": 0,
         "dead_lettered": 1,
         "errors": 1,
+        "timed_out": 0,
         "budget_exhausted": False,
     }
     assert Payment.objects.get(pk=good.pk).status == "FAILED"
