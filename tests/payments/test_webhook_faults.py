@@ -14,10 +14,14 @@ import time
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from payments import metrics, webhook_secrets, webhook_transport, webhooks
-from payments.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from payments.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint, WebhookEvent
+from tests.concurrency import in_other_connection
+from tests.factories import UserFactory
+from tests.payments.engine.timer import in_another_transaction
 from tests.payments.test_webhooks import cancelled_deliveries, due_now, register
 from tests.processes import ROOT
 
@@ -416,3 +420,104 @@ def test_an_outcome_applies_only_to_the_claim_it_was_made_for(alice, receiver, s
     endpoint = WebhookEndpoint.objects.get()
     assert (endpoint.circuit_open_until, endpoint.consecutive_failures) == (None, 0)
     assert len(receiver.requests) == 1
+
+
+def _client_with_endpoint_and_event():
+    client = UserFactory()
+    endpoint = WebhookEndpoint.objects.create(
+        client=client,
+        url="https://hooks.example.com/",
+        secret_ciphertext=webhook_secrets.encrypt("whsec_test"),
+        event_types=["payment.completed"],
+    )
+    event = WebhookEvent.objects.create(
+        client=client, event_type="payment.completed", data={}, created_at=timezone.now()
+    )
+    return client, endpoint, event
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_client_updating_its_endpoint_holds_up_no_fan_out():
+    """DESIGN §8: an endpoint update locked the row FOR UPDATE, which conflicts with
+    the key-share lock a delivery's insert takes on its endpoint: every fan-out batch
+    holding one of that client's events — other clients' events with it — waited
+    for the update (a reviewer's probe). The lock is FOR NO KEY UPDATE now: here it
+    is held for as long as the test likes, and both events fan out at once."""
+    first, first_endpoint, first_event = _client_with_endpoint_and_event()
+    _, second_endpoint, second_event = _client_with_endpoint_and_event()
+    release = in_another_transaction(
+        lambda: webhooks._owned(first, first_endpoint.pk, lock=True), release_after=20
+    )
+    try:
+        webhooks.dispatch([first_event.pk, second_event.pk])
+        lock = "SELECT 1 FROM payments_webhookendpoint WHERE id = %s FOR NO KEY UPDATE NOWAIT"
+        assert in_other_connection(lock, [first_endpoint.pk]) == "LockNotAvailable"  # still held
+    finally:
+        release()
+    assert set(WebhookDelivery.objects.values_list("endpoint_id", flat=True)) == {
+        first_endpoint.pk,
+        second_endpoint.pk,
+    }
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_deleting_a_long_history_holds_up_no_fan_out_and_leaves_nothing(monkeypatch):
+    """The delete of an endpoint with a long history ran its whole cascade under a
+    FOR UPDATE lock on the endpoint row (27 s for 200,000 deliveries): fan-outs
+    waited, other clients' events with them. Now it is switched off first and its
+    history goes DELETE_HISTORY_BATCH deliveries a transaction: here the delete is
+    stopped between two of them while both clients' events fan out — the deleted
+    one's to nobody, it is off — and then finishes, leaving no row of it."""
+    monkeypatch.setattr(webhooks, "DELETE_HISTORY_BATCH", 2)
+    first, first_endpoint, first_event = _client_with_endpoint_and_event()
+    _, second_endpoint, second_event = _client_with_endpoint_and_event()
+    old = [
+        WebhookEvent.objects.create(
+            client=first, event_type="payment.completed", data={}, created_at=timezone.now()
+        )
+        for _ in range(5)
+    ]
+    webhooks.dispatch([event.pk for event in old])
+    WebhookAttempt.objects.bulk_create(
+        WebhookAttempt(delivery=delivery, number=1, status_code=500, error="", duration_ms=5)
+        for delivery in WebhookDelivery.objects.all()
+    )
+    batches, paused, go = [], threading.Event(), threading.Event()
+    real = WebhookAttempt.objects.filter
+
+    def filter_(*args, **kwargs):
+        if "delivery_id__in" in kwargs:
+            batches.append(len(kwargs["delivery_id__in"]))
+            if len(batches) == 2:  # between two batches: the first committed
+                paused.set()
+                assert go.wait(20)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(WebhookAttempt.objects, "filter", filter_)
+    out = {}
+
+    def delete():
+        try:
+            webhooks.endpoint_delete(client=first, endpoint_id=first_endpoint.pk)
+            out["deleted"] = True
+        finally:
+            connection.close()
+
+    deleter = threading.Thread(target=delete)
+    deleter.start()
+    try:
+        assert paused.wait(20)
+        webhooks.dispatch([first_event.pk, second_event.pk])
+        assert deleter.is_alive()  # the fan-out did not wait for the delete
+        made = list(WebhookDelivery.objects.filter(event__in=[first_event, second_event]))
+        assert [d.endpoint_id for d in made] == [second_endpoint.pk]
+    finally:
+        go.set()
+        deleter.join(20)
+    assert out == {"deleted": True} and batches == [2, 2, 1]
+    assert not WebhookEndpoint.objects.filter(pk=first_endpoint.pk).exists()
+    assert not WebhookDelivery.objects.filter(endpoint_id=first_endpoint.pk).exists()
+    assert WebhookAttempt.objects.count() == 0
+    assert WebhookDelivery.objects.filter(endpoint=second_endpoint).count() == 1
