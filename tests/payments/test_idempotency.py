@@ -495,6 +495,33 @@ class TestSemantics:
         assert idempotency_purge_expired() == 2
         assert sorted(IdempotencyKey.objects.values_list("key", flat=True)) == ["kept", "new"]
 
+    def test_purge_is_bounded_per_run_oldest_first_and_the_next_run_goes_on(
+        self, alice, settings, monkeypatch
+    ):
+        """DESIGN §8: one DELETE of every expired key held the worker it shares with
+        the materialiser for as long as the backlog took; now ``batch`` keys a
+        transaction, oldest first, until the run's time is up."""
+        now = timezone.now()
+        ttl = timedelta(seconds=settings.IDEMPOTENCY_TTL_SECONDS)
+        IdempotencyKey.objects.bulk_create(
+            IdempotencyKey(
+                client=alice.user,
+                key=f"k{age}",
+                fingerprint="f",
+                status=IdempotencyStatus.COMPLETED,
+                locked_at=now - ttl - timedelta(minutes=age),
+                created_at=now - ttl - timedelta(minutes=age),
+            )
+            for age in range(1, 8)
+        )
+        clock = iter(range(100))  # one second a reading: room for two batches
+        monkeypatch.setattr(idempotency.time, "monotonic", lambda: next(clock))
+        assert idempotency_purge_expired(batch=2, budget_seconds=2.5) == 4
+        left = sorted(IdempotencyKey.objects.values_list("key", flat=True))
+        assert left == ["k1", "k2", "k3"]  # the oldest went first
+        assert idempotency_purge_expired(batch=2, budget_seconds=10) == 3  # a short batch ends it
+        assert not IdempotencyKey.objects.exists()
+
     def test_key_length(self, alice):
         error(alice.schedule(headers={"Idempotency-Key": "x" * 256}), 400, "validation_error")
 
