@@ -70,20 +70,24 @@ def one_by_one(
     return count
 
 
-class _OverflowIsABadLookup:
+class _UnreadableIsABadLookup:
     def get_filters(self, request):
+        if any("\x00" in key or "\x00" in value for key, value in request.GET.items()):
+            # PostgreSQL's text cannot hold NUL: the filter was built, and the
+            # list's query failed when it ran (DataError, a 500 on every list)
+            raise IncorrectLookupParameters("a query parameter holds a NUL character")
         try:
             return super().get_filters(request)
-        except OverflowError as exc:
-            # ?due_at__year=999…9: Django's date drill-down turns a ValueError
-            # into ?e=1, but the year overflows datetime() first — a 500
+        except (OverflowError, ValueError) as exc:
+            # ?due_at__year=999…9 overflows datetime(), and ?…__year=9999 its
+            # year + 1 (the drill-down's upper bound): both were 500s
             raise IncorrectLookupParameters(exc) from exc
 
 
 @functools.cache
 def _guarded_changelist(base: type[ChangeList]) -> type[ChangeList]:
     """``base`` (Django's ChangeList, or a third party's own) with the guard."""
-    return type(base.__name__, (_OverflowIsABadLookup, base), {})
+    return type(base.__name__, (_UnreadableIsABadLookup, base), {})
 
 
 class ValidSelection:
@@ -91,7 +95,9 @@ class ValidSelection:
     action posted with a selected id that is not one of the model's
     (``not-a-uuid`` for a payment) is refused with a message, where Django's
     ``filter(pk__in=…)`` raised a ValidationError, a 500; a date drill-down
-    year past datetime's range answers ``?e=1`` like any bad filter value."""
+    year past datetime's range (9999 included: its year + 1 is not) and a
+    query parameter holding a NUL character answer ``?e=1`` like any bad
+    filter value."""
 
     def get_changelist(self, request, **kwargs):
         return _guarded_changelist(super().get_changelist(request, **kwargs))
