@@ -671,10 +671,12 @@ class WebhookDelivery(models.Model):
             models.UniqueConstraint(fields=["event", "endpoint"], name="webhook_delivery_once")
         ]
         indexes = [
+            # the beat's scan of due deliveries, in turns across endpoints
+            # (webhooks.due_delivery_ids), and an endpoint's put-off ones
             models.Index(
-                fields=["next_attempt_at"],
+                fields=["endpoint", "next_attempt_at"],
                 condition=Q(status="pending"),
-                name="webhook_pending_next_attempt",
+                name="webhook_pending_by_endpoint",
             ),
             # the delivery log's keyset pages (and the endpoint's foreign key)
             models.Index(fields=["endpoint", "-created_at", "-id"], name="webhook_delivery_log"),

@@ -134,6 +134,49 @@ def test_a_recovered_endpoint_gets_its_probe_beside_another_clients_backlog(alic
     assert str(bobs[0].pk) in offered and len(offered) == 4
 
 
+def test_one_clients_backlog_does_not_push_anothers_due_delivery_out_of_the_scan(alice, bob):
+    """DESIGN §8: the beat's scan offered due deliveries oldest first over every
+    endpoint, so one client's backlog (an endpoint back after an outage) filled
+    each offer and another client's due delivery waited for all of it — 500 every
+    10 s (a reviewer's probe). Now the offer goes in turns across endpoints: every
+    endpoint's oldest first, then every one's second…, oldest first within a turn."""
+    endpoints = {}
+    for client in (alice, bob):
+        endpoints[client] = WebhookEndpoint.objects.create(
+            client=client.user,
+            url="https://hooks.example.com/",
+            secret_ciphertext=webhook_secrets.encrypt("whsec_test"),
+            event_types=["payment.completed"],
+        )
+    now = timezone.now()
+
+    def due(client, count, seconds_ago):
+        made = []
+        for k in range(count):
+            event = WebhookEvent.objects.create(
+                client=client.user, event_type="payment.completed", data={}, created_at=now
+            )
+            made.append(
+                WebhookDelivery.objects.create(
+                    endpoint=endpoints[client],
+                    event=event,
+                    event_type="payment.completed",
+                    payload={},
+                    next_attempt_at=now - timedelta(seconds=seconds_ago - k),
+                )
+            )
+        return made
+
+    backlog = due(alice, 6, seconds_ago=600)  # due for ten minutes
+    late = due(bob, 2, seconds_ago=60)  # due for a minute
+    offered = webhooks.due_delivery_ids(limit=4)
+    assert offered == [str(d.pk) for d in (backlog[0], late[0], backlog[1], late[1])]
+    # turns go oldest first, whoever's they are; the limit cuts the last turn
+    assert webhooks.due_delivery_ids(limit=3) == offered[:3]
+    WebhookDelivery.objects.filter(pk__in=offered).update(status="succeeded")
+    assert webhooks.due_delivery_ids(limit=4) == [str(d.pk) for d in backlog[2:]]
+
+
 def test_a_new_url_starts_with_its_circuit_closed_and_the_put_off_deliveries_due(
     alice, receiver, settings
 ):
