@@ -11,7 +11,10 @@ instead of revoking it. If that file is gone or its token was revoked, the
 previous demo tokens are revoked and a new one issued (both audited).
 
 It refuses to create the well-known demo password outside DEBUG unless
-``--password`` is given.
+``--password`` is given. ``--username`` names the demo superuser: an existing
+user who is not a superuser (an API client, staff) is refused, nothing written
+(it would have been given funded accounts, a token and admin directions that do
+not work); a new one must be a username the admin can save.
 """
 
 from pathlib import Path
@@ -23,6 +26,7 @@ from django.db import transaction
 
 from ledger import services as ledger
 from ledger.models import Account, JournalEntry
+from payments.management.commands.create_api_client import valid_username
 from payments.models import ApiToken, ApiTokenVia
 from payments.tokens import api_token_issue, api_tokens_revoke, hash_token
 
@@ -60,10 +64,20 @@ class Command(BaseCommand):
                 raise CommandError("Pass --password: the default demo password is DEBUG-only.")
             password = "demo"  # noqa: S105 - documented local-only demo login
         user_model = get_user_model()
+        if not user_model.objects.filter(username=username).exists():
+            # the name of a superuser to create, as create_user would store it
+            username = valid_username(user_model, username)
         with transaction.atomic():
             user, created = user_model.objects.get_or_create(
                 username=username, defaults={"is_staff": True, "is_superuser": True}
             )
+            if not created and not user.is_superuser:
+                # README: it "creates a superuser"; an existing client or staff user
+                # must not get issued money, a token and directions that do not work
+                raise CommandError(
+                    f"User {username!r} exists and is not a superuser; seed_demo sets up"
+                    " a demo superuser: pass another --username."
+                )
             if created:
                 user.set_password(password)
                 user.save(update_fields=["password"])
