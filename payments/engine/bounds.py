@@ -1,6 +1,7 @@
 """Time bounds on the timer-side jobs' transactions (DESIGN §8).
 
-The lease reaper and the recurring materialiser lock rows of one client at a
+The lease reaper and the recurring materialiser (and the executor, for its
+row locks: ``PAYMENT_LOCK_TIMEOUT_SECONDS``) lock rows of one client at a
 time — a hold's account, a schedule's source account — that any other session
 may hold: a batch, a staff member's action, an operator's ``psql``
 transaction left open, a stuck process. Without a bound, the job's run waits
@@ -18,12 +19,17 @@ from ledger.db import set_local, transaction_time_bound
 QUERY_CANCELED_SQLSTATE = "57014"  # statement_timeout (or an operator's pg_cancel_backend)
 
 
+def milliseconds(seconds: float) -> str:
+    """A PostgreSQL time limit in whole milliseconds, at least 1 (0 is none)."""
+    return transaction_time_bound(seconds)["statement_timeout"]
+
+
 def bound_statements(seconds: float) -> None:
     """No statement of the caller's transaction waits or runs longer than
     ``seconds`` (``statement_timeout``, local to the transaction; PostgreSQL
     only). The statement limit only: an idle-in-transaction limit would end the
     session, and the job's next items would find it closed."""
-    set_local({"statement_timeout": transaction_time_bound(seconds)["statement_timeout"]})
+    set_local({"statement_timeout": milliseconds(seconds)})
 
 
 def statement_timed_out(exc: BaseException) -> bool:

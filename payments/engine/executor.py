@@ -42,7 +42,9 @@ For a chunk of ``(payment id, fence)`` pairs (and the partitions it holds):
    under a row lock is what makes it runnable; the fence only tells a
    message's own items apart. A batch that dies of anything but a lost
    connection, a lock conflict or a read-only server (``payments_fault``)
-   may have died of one of the payments it collapsed: those stay out of this process's
+   may have died of one of the payments it collapsed, and one that waited
+   for a row lock past ``PAYMENT_LOCK_TIMEOUT_SECONDS`` (``lock_timed_out``)
+   may have waited for one of their accounts: those stay out of this process's
    collapses until their lease runs out (``Quarantine``), so a poison
    payment — the oldest due, taken first by every collapse — costs each
    worker process one batch, not every batch of its partitions until the
@@ -97,6 +99,7 @@ from ledger.services import LedgerBatch, locking_accounts_last
 
 from .. import locks, metrics, transitions
 from ..models import AttemptOutcome, Payment, PaymentAttempt, PaymentEvent
+from .bounds import milliseconds
 
 logger = logging.getLogger(__name__)
 
@@ -248,6 +251,21 @@ quarantine = Quarantine()
 # IntegrityError…), a bug one payment reaches — splits the chunk at once.
 NOT_A_PAYMENTS_FAULT = (OperationalError, InterfaceError, OSError, SoftTimeLimitExceeded)
 READ_ONLY_SQLSTATE = "25006"  # a failover's read-only standby: an InternalError
+LOCK_NOT_AVAILABLE_SQLSTATE = "55P03"  # lock_timeout (PAYMENT_LOCK_TIMEOUT_SECONDS)
+
+
+def lock_timed_out(exc: BaseException) -> bool:
+    """Whether the batch gave up waiting for a row lock (``PAYMENT_LOCK_TIMEOUT_SECONDS``).
+
+    Not a payment's fault, and retried like any transient error; but the row
+    it waited for may be one a collapsed payment brought in — its account
+    another session keeps locked (a staff member's or an operator's open
+    transaction, a stuck process) — so what the batch collapsed is kept out of
+    later collapses, as after a payment's fault (``Quarantine``). Before the
+    limit, every batch of that partition that collapsed such a payment waited
+    for the lock up to the batch's 30 s, the other clients' payments in it
+    with it, for as long as the lock lasted."""
+    return getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE_SQLSTATE
 
 
 def payments_fault(exc: BaseException) -> bool:
@@ -278,7 +296,7 @@ def execute_chunk(
         )
     except Exception as exc:
         exc.collapsed = len(taken)  # the task retries a batch that collapsed with its own alone
-        if taken and payments_fault(exc):
+        if taken and (payments_fault(exc) or lock_timed_out(exc)):
             quarantine.add(taken, settings.PAYMENT_LEASE_SECONDS)
             metrics.collapse_quarantined.inc(len(taken))
             logger.warning(
@@ -310,8 +328,12 @@ def _execute(items, partitions, worker, taken, *, lock_accounts_last: bool) -> C
             # database (``transaction_time_bound``, settings'
             # PAYMENT_BATCH_TIMEOUT_SECONDS), below the task's own limits
             # (scheduler_project.task_watchdog in the solo payment workers)
+            # and no row lock waited for longer than PAYMENT_LOCK_TIMEOUT_SECONDS
+            # (``lock_timed_out``)
             set_local(
-                CACHED_DATA_PLAN | transaction_time_bound(settings.PAYMENT_BATCH_TIMEOUT_SECONDS)
+                CACHED_DATA_PLAN
+                | transaction_time_bound(settings.PAYMENT_BATCH_TIMEOUT_SECONDS)
+                | {"lock_timeout": milliseconds(settings.PAYMENT_LOCK_TIMEOUT_SECONDS)}
             )
             result = _statements(fences, partitions, worker, taken, lock_accounts_last)
         transaction.on_commit(lambda: _after_commit(result))

@@ -595,6 +595,14 @@ PAYMENT_MAX_ATTEMPTS = env.int("PAYMENT_MAX_ATTEMPTS", default=5)
 # reaper still never takes back a payment a live batch is running (it skips
 # rows locked, and the batch holds its payments' rows from its first statement).
 PAYMENT_BATCH_TIMEOUT_SECONDS = env.float("PAYMENT_BATCH_TIMEOUT_SECONDS", default=30.0)
+# ...and no row lock of a batch is waited for longer than this (lock_timeout):
+# an account another session keeps locked (a staff member's or an operator's
+# open transaction, a stuck process) stalled every batch that collapsed one of
+# its payments for up to the 30 s above, the other clients' payments in it with
+# it. Past it the batch is retried with its own payments alone and what it
+# collapsed stays out of that worker's collapses for a lease (executor.Quarantine).
+# Batches hold account locks for their last statements only (milliseconds).
+PAYMENT_LOCK_TIMEOUT_SECONDS = env.float("PAYMENT_LOCK_TIMEOUT_SECONDS", default=5.0)
 # The lease reaper shares the timer worker with the sweeper: it starts no new
 # dead letter (a transaction each) after this many seconds of a run; the next
 # run, 5 s later, carries on, oldest lease first.

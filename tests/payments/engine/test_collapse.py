@@ -22,7 +22,10 @@ from payments import locks, tasks
 from payments.clock import db_now
 from payments.engine import executor
 from payments.models import Payment, PaymentAttempt, PaymentEvent
+from payments.routing import partition_for
+from tests.concurrency import in_other_connection
 from tests.factories import AccountFactory, UserFactory
+from tests.payments.engine.timer import in_another_transaction, queued_payment
 from tests.payments.helpers import bulk_schedule, claim_batch, make_due, race_cancel, sweep
 from tests.plans import explain_call, index_scan
 
@@ -569,3 +572,68 @@ def test_a_failed_batch_quarantines_each_payment_under_its_own_partition(
         own = executor.execute_chunk(messages[2])
     assert own.completed == [ids[2]]
     assert executor.quarantine.ids() == [ids[1]]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_an_account_locked_elsewhere_stalls_one_batch_briefly_not_every_batch_of_its_partition(
+    settings, monkeypatch
+):
+    """DESIGN §8: one client's account locked by another session (an open staff or
+    psql transaction, a stuck process) for as long as it likes. A batch that
+    collapsed that client's payment waited for the lock — up to the batch's 30 s —
+    with the other clients' payments in it, and so did every later batch of the
+    partition that collapsed it again. Now no row lock is waited for past
+    PAYMENT_LOCK_TIMEOUT_SECONDS: that batch is retried with its own payments alone,
+    and what it collapsed stays out of this worker's later collapses, so the next
+    messages of the partition run at once; the locked client's payment runs once
+    the lock goes."""
+    settings.PAYMENT_LOCK_TIMEOUT_SECONDS = 0.3
+    settings.PAYMENT_CHUNK_RETRIES = 2
+    monkeypatch.setattr(executor, "quarantine", executor.Quarantine())
+    locked = AccountFactory(owner=UserFactory(), funded=1_000)
+    partition = partition_for(locked.pk)
+    others = []
+    while len(others) < 3:
+        account = AccountFactory(owner=UserFactory(), funded=1_000)
+        if partition_for(account.pk) == partition:
+            others.append(account)
+    lease = db_now() + timedelta(seconds=60)
+    stuck = queued_payment(
+        locked, AccountFactory(), lease_expires_at=lease, due_at=db_now() - timedelta(seconds=2)
+    )
+    first, second = (
+        queued_payment(a, AccountFactory(), lease_expires_at=lease) for a in others[:2]
+    )
+    timed_out = OperationalError("canceling statement due to lock timeout")
+    retried_before = retries(timed_out)
+
+    def message(payment):
+        return tasks.execute_chunk.apply(
+            args=[[(str(payment.pk), payment.fence)]], kwargs={"partitions": [partition]}
+        ).result
+
+    release = in_another_transaction(
+        lambda: Account.objects.select_for_update().filter(pk=locked.pk).first(),
+        release_after=20,
+    )
+    try:
+        assert message(first) == {"completed": 1, "failed": 0, "stale": 0, "busy": 0}
+        assert retries(timed_out) == retried_before + 1  # its batch gave up once
+        # it collapsed the stuck payment and the second: which one it waited for is
+        # not known, both stay out of this worker's collapses
+        assert sorted(executor.quarantine.ids()) == sorted([str(stuck.pk), str(second.pk)])
+        third = queued_payment(others[2], AccountFactory(), lease_expires_at=lease)
+        for payment in (third, second):  # the next messages: no wait, no retry
+            assert message(payment) == {"completed": 1, "failed": 0, "stale": 0, "busy": 0}
+        assert retries(timed_out) == retried_before + 1
+        lock = "SELECT 1 FROM ledger_account WHERE id = %s FOR UPDATE NOWAIT"
+        assert in_other_connection(lock, [locked.pk]) == "LockNotAvailable"  # all the while
+    finally:
+        release()
+    statuses = dict(Payment.objects.values_list("pk", "status"))
+    assert list(statuses.values()).count("COMPLETED") == 3 and statuses[stuck.pk] == "QUEUED"
+    # the lock gone, its own message runs it
+    outcome = executor.execute_chunk([(str(stuck.pk), stuck.fence)], partitions=[partition])
+    assert outcome.completed == [str(stuck.pk)]
+    assert reconcile().ok

@@ -339,7 +339,13 @@ CHUNK_STATEMENTS = [
     # one statement (ledger.db.set_local): batch UPDATEs by key, not a hash
     # of the table (random_page_cost), and the batch's time limit (the solo
     # pool has none of Celery's)
-    ("SET", "random_page_cost", "statement_timeout", "idle_in_transaction_session_timeout"),
+    (
+        "SET",
+        "random_page_cost",
+        "statement_timeout",
+        "idle_in_transaction_session_timeout",
+        "lock_timeout",
+    ),
     ("LOCK", "payments_payment"),  # lock the chunk's payments, reading the one clock
     ("SELECT", "ledger_account"),  # read the accounts, no lock yet
     ("LOCK", "ledger_hold"),  # lock the holds
