@@ -275,6 +275,13 @@ def test_an_account_locked_elsewhere_puts_its_dead_letter_off_and_the_run_goes_o
     locked_source, other_source = AccountFactory(funded=1_000), AccountFactory(funded=1_000)
     stuck = queued_payment(locked_source, AccountFactory(), lease_expires_at=db_now() - 2 * SECOND)
     behind = queued_payment(other_source, AccountFactory(), lease_expires_at=db_now() - SECOND)
+    from prometheus_client import REGISTRY
+
+    def timed_out_total():
+        labels = {"outcome": "timed_out"}
+        return REGISTRY.get_sample_value("payments_reaped_leases_total", labels) or 0.0
+
+    counted_before = timed_out_total()
     done = in_another_transaction(
         lambda: Account.objects.select_for_update().filter(pk=locked_source.pk).first(),
         release_after=20,
@@ -294,12 +301,18 @@ def test_an_account_locked_elsewhere_puts_its_dead_letter_off_and_the_run_goes_o
         "timed_out": 1,
         "budget_exhausted": False,
     }
+    assert timed_out_total() == counted_before + 1
     assert Payment.objects.get(pk=behind.pk).status == "FAILED"
     stuck = Payment.objects.get(pk=stuck.pk)
     assert stuck.status == "QUEUED" and stuck.hold.status == "active"
     assert stuck.lease_expires_at > db_now() + 50 * SECOND  # put off a minute
     assert stuck.events.filter(type="dead_letter_failed").count() == 1
-    assert any(str(stuck.pk) in r.getMessage() for r in caplog.records)
+    (record,) = [r for r in caplog.records if r.levelno == logging.WARNING and "past" in r.msg]
+    assert record.getMessage() == (
+        f"reaper: dead-lettering payment {stuck.pk} waited past 0.2 s (a row locked "
+        "elsewhere?); put off 60 s"
+    )
+    assert record.payment_id == str(stuck.pk)
     # once its time comes again, it goes through
     Payment.objects.filter(pk=stuck.pk).update(lease_expires_at=db_now() - SECOND)
     assert reaper.reap_leases().dead_lettered == 1
