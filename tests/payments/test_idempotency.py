@@ -522,6 +522,31 @@ class TestSemantics:
         assert idempotency_purge_expired(batch=2, budget_seconds=10) == 3  # a short batch ends it
         assert not IdempotencyKey.objects.exists()
 
+    def test_purge_starts_no_batch_once_its_time_is_up_and_its_bounds_are_the_documented(
+        self, alice, settings, monkeypatch
+    ):
+        import inspect
+
+        now = timezone.now()
+        ttl = timedelta(seconds=settings.IDEMPOTENCY_TTL_SECONDS)
+        IdempotencyKey.objects.bulk_create(
+            IdempotencyKey(
+                client=alice.user,
+                key=f"k{age}",
+                fingerprint="f",
+                status=IdempotencyStatus.COMPLETED,
+                locked_at=now - ttl - timedelta(minutes=age),
+                created_at=now - ttl - timedelta(minutes=age),
+            )
+            for age in range(1, 8)
+        )
+        clock = iter(range(100))  # one second a reading: the deadline is read at 2
+        monkeypatch.setattr(idempotency.time, "monotonic", lambda: next(clock))
+        assert idempotency_purge_expired(batch=2, budget_seconds=2) == 2
+        # README: "5,000 a transaction, at most 5 s a run"
+        defaults = inspect.signature(idempotency_purge_expired).parameters
+        assert (defaults["batch"].default, defaults["budget_seconds"].default) == (5000, 5.0)
+
     def test_key_length(self, alice):
         error(alice.schedule(headers={"Idempotency-Key": "x" * 256}), 400, "validation_error")
 
