@@ -321,6 +321,10 @@ SPECTACULAR_SETTINGS = {
         "PaymentEventTypeEnum": "payments.models.PAYMENT_EVENT_TYPES",
     },
     # The bearerAuth security scheme comes from payments.api.auth.BearerTokenScheme.
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",  # the default
+        "payments.api.schema.query_may_be_empty",
+    ],
 }
 
 # --- Payments -------------------------------------------------------------
