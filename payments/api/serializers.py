@@ -88,8 +88,31 @@ class DelaySecondsField(StrictIntegerField):
         super().__init__(**kwargs)
 
 
+A_STRING = "A JSON string is required."
+A_BOOLEAN = "A JSON boolean (true or false) is required."
+
+
+def _wrong_json_type(field, value) -> str | None:
+    """Why ``value`` is not of the JSON type ``field`` declares, or None. As integers
+    are (``StrictIntegerField``): DRF turned ``"description": 123`` into ``"123"``
+    and ``"is_active": "no"`` (or ``0``, ``"on"``) into a boolean."""
+    if value is None:
+        return None  # allow_null decides
+    if isinstance(field, serializers.BooleanField) and not isinstance(value, bool):
+        return A_BOOLEAN
+    if isinstance(field, serializers.CharField | serializers.ChoiceField) and not isinstance(
+        value, str
+    ):
+        return A_STRING
+    return None
+
+
 class StrictSerializer(serializers.Serializer):
-    """Rejects unknown fields, so a typo ('delay_second') is not silently ignored."""
+    """Rejects unknown fields, so a typo ('delay_second') is not silently ignored,
+    and a value of another JSON type than its field's (a number for a string, a
+    string for a boolean). A query string's values are all strings: its
+    serializers declare none but strings, integers (read from their text) and
+    choices."""
 
     def to_internal_value(self, data):
         if not isinstance(data, dict):
@@ -99,6 +122,13 @@ class StrictSerializer(serializers.Serializer):
         unknown = sorted(set(data) - set(self.fields))
         if unknown:
             raise serializers.ValidationError({name: ["Unknown field."] for name in unknown})
+        wrong = {
+            name: [reason]
+            for name, value in data.items()
+            if (reason := _wrong_json_type(self.fields[name], value))
+        }
+        if wrong:
+            raise serializers.ValidationError(wrong)
         return super().to_internal_value(data)
 
 

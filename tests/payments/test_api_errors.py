@@ -14,6 +14,7 @@ from rest_framework.test import APIClient
 
 from ledger.models import Account
 from payments.api.errors import ERROR_CODES
+from payments.api.serializers import A_BOOLEAN, A_STRING
 from payments.clock import ISO_TIMESTAMP_FORMAT
 from payments.engine import materializer
 from payments.models import IdempotencyKey, Payment, RecurringPayment
@@ -405,3 +406,70 @@ def test_a_429_always_says_when_to_retry():
     assert response.status_code == 429 and response["Retry-After"] == "2"
     assert response.data["error"]["code"] == "throttled"
     assert response.data["error"]["details"] == {"retry_after_seconds": 1.0}
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "field", "reason"),
+    [
+        ("post", "/api/v1/payments", {"description": 123}, "description", "string"),
+        ("patch", "/api/v1/payments/{payment}", {"description": 42}, "description", "string"),
+        ("post", "/api/v1/payments/{payment}/cancel", {"reason": 7}, "reason", "string"),
+        (
+            "patch",
+            "/api/v1/recurring-payments/{recurring}",
+            {"description": 42},
+            "description",
+            "string",
+        ),
+        ("post", "/api/v1/recurring-payments", {"cron": 5}, "cron", "string"),
+        ("post", "/api/v1/recurring-payments", {"timezone": ["UTC"]}, "timezone", "string"),
+        (
+            "patch",
+            "/api/v1/webhook-endpoints/{endpoint}",
+            {"is_active": "no"},
+            "is_active",
+            "boolean",
+        ),
+        ("patch", "/api/v1/webhook-endpoints/{endpoint}", {"is_active": 0}, "is_active", "boolean"),
+        (
+            "patch",
+            "/api/v1/webhook-endpoints/{endpoint}",
+            {"is_active": "on"},
+            "is_active",
+            "boolean",
+        ),
+        ("patch", "/api/v1/webhook-endpoints/{endpoint}", {"url": 1}, "url", "string"),
+    ],
+)
+def test_a_value_of_another_json_type_is_refused_as_integers_are(
+    alice, fake_dns, method, path, body, field, reason
+):
+    """Integers were strict (a string or float refused) while DRF turned a number
+    into a string field's text and "no", 0 or "on" into a boolean (an outside
+    tester's finding): every field takes its own JSON type only, and nothing is
+    written."""
+    fake_dns["example.test"] = ["93.184.215.14"]
+    ids = {
+        "payment": alice.schedule().json()["payment_id"],
+        "recurring": create_recurring(alice).json()["recurring_payment_id"],
+        "endpoint": alice.api.post(
+            "/api/v1/webhook-endpoints",
+            {"url": "https://example.test/h", "event_types": ["payment.completed"]},
+            format="json",
+        ).json()["webhook_endpoint_id"],
+    }
+    if path == "/api/v1/payments":
+        body = schedule_body(alice) | body
+    elif path == "/api/v1/recurring-payments":
+        body = {
+            "from_account_id": alice.account.pk,
+            "to_account_id": alice.other_account.pk,
+            "amount": 10,
+            "cron": "0 9 * * *",
+            "timezone": "UTC",
+        } | body
+    before = (Payment.objects.count(), RecurringPayment.objects.count())
+    response = getattr(alice.api, method)(path.format(**ids), body, format="json")
+    err = error(response, 400, "validation_error")
+    assert err["details"]["fields"][field] == [A_STRING if reason == "string" else A_BOOLEAN]
+    assert (Payment.objects.count(), RecurringPayment.objects.count()) == before
