@@ -254,3 +254,43 @@ def test_every_instant_due_before_a_schedule_first_stopped_is_recorded(
         for _, status, reason in rows:
             assert reason not in ("paused", "cancelled") or status == "skipped"
         transaction.set_rollback(True)
+
+
+def test_no_input_field_takes_a_value_of_another_json_type():
+    """The kind of test a number taken as a description's text and "no" taken as a
+    boolean were missing (an outside tester's finding, session 44): every field
+    of every input serializer, given each JSON type but its own, refuses it under
+    its own name."""
+    from rest_framework import serializers as drf
+
+    from payments.api import serializers as api
+
+    def own_type(field, value) -> bool:
+        if isinstance(field, drf.BooleanField):
+            return isinstance(value, bool)
+        if isinstance(field, drf.IntegerField):
+            return isinstance(value, int) and not isinstance(value, bool)
+        if isinstance(field, drf.CharField | drf.ChoiceField):
+            return isinstance(value, str)
+        if isinstance(field, drf.ListField):
+            return isinstance(value, list)
+        if isinstance(field, drf.DictField | drf.Serializer):
+            return isinstance(value, dict)
+        return True  # a type this test does not know: not judged
+
+    inputs = [
+        cls
+        for cls in vars(api).values()
+        if isinstance(cls, type) and issubclass(cls, api.StrictSerializer)
+    ]
+    checked, taken = 0, []
+    for cls in inputs:
+        for name, field in cls().fields.items():
+            for value in (7, 1.5, True, "x", ["x"], {"k": 1}):
+                if own_type(field, value):
+                    continue
+                checked += 1
+                serializer = cls(data={name: value})
+                if serializer.is_valid() or name not in serializer.errors:
+                    taken.append((cls.__name__, name, value))
+    assert checked > 150 and taken == []
