@@ -272,8 +272,10 @@ def test_an_account_locked_elsewhere_puts_its_dead_letter_off_and_the_run_goes_o
     QUEUED, hold kept) and the next one is dead-lettered in the same run."""
     settings.PAYMENT_MAX_ATTEMPTS = 1
     settings.PAYMENT_REAPER_STATEMENT_TIMEOUT_SECONDS = 0.2
+    settings.PAYMENT_REAPER_BUDGET_SECONDS = 10  # room for both waits, on a slow host too
     locked_source, other_source = AccountFactory(funded=1_000), AccountFactory(funded=1_000)
-    stuck = queued_payment(locked_source, AccountFactory(), lease_expires_at=db_now() - 2 * SECOND)
+    stuck = queued_payment(locked_source, AccountFactory(), lease_expires_at=db_now() - 3 * SECOND)
+    also = queued_payment(locked_source, AccountFactory(), lease_expires_at=db_now() - 2 * SECOND)
     behind = queued_payment(other_source, AccountFactory(), lease_expires_at=db_now() - SECOND)
     from prometheus_client import REGISTRY
 
@@ -298,24 +300,24 @@ def test_an_account_locked_elsewhere_puts_its_dead_letter_off_and_the_run_goes_o
         "requeued": 0,
         "dead_lettered": 1,
         "errors": 0,
-        "timed_out": 1,
+        "timed_out": 2,
         "budget_exhausted": False,
     }
-    assert timed_out_total() == counted_before + 1
+    assert timed_out_total() == counted_before + 2
     assert Payment.objects.get(pk=behind.pk).status == "FAILED"
     stuck = Payment.objects.get(pk=stuck.pk)
     assert stuck.status == "QUEUED" and stuck.hold.status == "active"
     assert stuck.lease_expires_at > db_now() + 50 * SECOND  # put off a minute
     assert stuck.events.filter(type="dead_letter_failed").count() == 1
-    (record,) = [r for r in caplog.records if r.levelno == logging.WARNING and "past" in r.msg]
+    record, _ = [r for r in caplog.records if r.levelno == logging.WARNING and "past" in r.msg]
     assert record.getMessage() == (
         f"reaper: dead-lettering payment {stuck.pk} waited past 0.2 s (a row locked "
         "elsewhere?); put off 60 s"
     )
     assert record.payment_id == str(stuck.pk)
-    # once its time comes again, it goes through
-    Payment.objects.filter(pk=stuck.pk).update(lease_expires_at=db_now() - SECOND)
-    assert reaper.reap_leases().dead_lettered == 1
+    # once their time comes again, they go through
+    Payment.objects.filter(pk__in=[stuck.pk, also.pk]).update(lease_expires_at=db_now() - SECOND)
+    assert reaper.reap_leases().dead_lettered == 2
     assert Payment.objects.get(pk=stuck.pk).status == "FAILED"
 
 
