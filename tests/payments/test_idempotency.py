@@ -701,3 +701,51 @@ def test_a_request_still_running_when_a_retry_takes_over_its_key_is_rolled_back(
     settings.IDEMPOTENCY_IN_FLIGHT_TIMEOUT = 60
     again = alice.schedule(headers=headers)
     assert again["Idempotent-Replayed"] == "true" and again.json() == retry.json()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_key_reused_while_the_purge_runs_is_not_purged(alice, settings, monkeypatch):
+    """The purge reads a batch of expired ids, then deletes them: a key the client
+    reused in between (a new created_at on the same row) and completed was deleted
+    with them, so the client's retry found nothing and ran its request again — a
+    second payment (a reviewer's probe). The delete checks the age again."""
+    import threading
+
+    from django.db import connection
+
+    from payments.idempotency import idempotency_begin, idempotency_complete
+
+    old = timezone.now() - timedelta(seconds=settings.IDEMPOTENCY_TTL_SECONDS + 60)
+    IdempotencyKey.objects.create(
+        client=alice.user,
+        key="K",
+        fingerprint="f1",
+        status=IdempotencyStatus.COMPLETED,
+        locked_at=old,
+        created_at=old,
+        response_status=201,
+        response_body={"x": 1},
+    )
+    real = idempotency.IdempotencyKey.objects.filter
+
+    def filter_(*args, **kwargs):
+        if "pk__in" in kwargs:  # between the batch's read and its delete: the key reused
+
+            def reuse():
+                try:
+                    claim = idempotency_begin(client=alice.user, key="K", fingerprint="f2")
+                    assert not claim.replay
+                    idempotency_complete(record=claim.record, status=201, body={"y": 2})
+                finally:
+                    connection.close()
+
+            thread = threading.Thread(target=reuse)
+            thread.start()
+            thread.join(30)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(idempotency.IdempotencyKey.objects, "filter", filter_)
+    assert idempotency_purge_expired() == 0
+    monkeypatch.undo()
+    retry = idempotency_begin(client=alice.user, key="K", fingerprint="f2")
+    assert retry.replay and retry.record.response_body == {"y": 2}
