@@ -72,7 +72,10 @@ def one_by_one(
 
 class _UnreadableIsABadLookup:
     def get_filters(self, request):
-        if any("\x00" in key or "\x00" in value for key, value in request.GET.items()):
+        if any(  # every value of a repeated parameter: the filters OR them all
+            "\x00" in key or any("\x00" in value for value in values)
+            for key, values in request.GET.lists()
+        ):
             # PostgreSQL's text cannot hold NUL: the filter was built, and the
             # list's query failed when it ran (DataError, a 500 on every list)
             raise IncorrectLookupParameters("a query parameter holds a NUL character")
