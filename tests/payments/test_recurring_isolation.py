@@ -19,8 +19,10 @@ from payments import calendar, metrics
 from payments.engine import materializer
 from payments.models import (
     Payment,
+    RecurringBacklog,
     RecurringOccurrence,
     RecurringPayment,
+    RecurringStatus,
     WebhookDelivery,
     WebhookEndpoint,
 )
@@ -511,6 +513,51 @@ def test_a_locked_source_account_holds_up_no_other_clients_schedule(settings, mo
     run = materializer.materialize_due()  # the lock gone: it runs, after the others
     assert (run.scheduled, run.retry_later) == (1, 0)
     assert Payment.objects.filter(recurring=stuck).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_schedules_deferred_on_one_lock_cost_a_run_one_wait_after_the_backlog(
+    settings, monkeypatch
+):
+    """Two of one client's schedules pay from an account another session keeps
+    locked. Once deferred, they were retried before the backlogs of stopped
+    schedules, each with its own wait: two waits filled the time box every run,
+    and another client's paused schedule never had its missed instants recorded
+    while the lock lasted (a reviewer's probe). The backlog comes first now, and
+    a run tries no more deferred schedules once one fails again."""
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks: PostgreSQL")
+    settings.RECURRING_STATEMENT_TIMEOUT_SECONDS = 0.3
+    monkeypatch.setattr(materializer, "deferred", materializer.Deferred())
+    first, second = UserFactory(), UserFactory()
+    source = AccountFactory(owner=first, funded=100_000).pk
+    soon = timezone.now() + timedelta(seconds=20)
+    for k in range(2):
+        make_schedule(source, AccountFactory(owner=first).pk, start=soon + timedelta(seconds=k))
+    payer, payee = (AccountFactory(owner=second, funded=100_000).pk for _ in range(2))
+    paused = make_schedule(
+        payer, payee, start=timezone.now() - timedelta(hours=5), status=RecurringStatus.PAUSED
+    )
+    RecurringBacklog.objects.create(
+        recurring=paused, after=None, until=timezone.now(), reason="paused"
+    )
+    release = in_another_transaction(
+        lambda: Account.objects.select_for_update().filter(pk=source).first(), release_after=30
+    )
+    try:
+        # a time box of one wait and a bit: the first run meets the two unknown
+        # (in their order, both tried while its time lasts) and defers them
+        first_run = materializer.materialize_due(budget_seconds=0.5)
+        assert first_run.retry_later >= 1
+        runs = [materializer.materialize_due(budget_seconds=0.5) for _ in range(2)]
+    finally:
+        release()
+    # then: the backlog first (five hours of an hourly schedule, recorded at once),
+    # and one wait for the two deferred a run
+    assert [(r.skipped, r.retry_later) for r in runs] == [(6, 1), (0, 1)]
+    assert not RecurringBacklog.objects.exists()
+    assert RecurringOccurrence.objects.filter(recurring=paused, status="skipped").count() == 6
+    assert materializer.materialize_due().scheduled == 2  # the lock gone: both run
 
 
 def test_a_deferred_schedule_leaves_when_it_runs_when_its_time_is_up_or_past_the_cap(
