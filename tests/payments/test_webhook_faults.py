@@ -173,6 +173,15 @@ def test_one_clients_backlog_does_not_push_anothers_due_delivery_out_of_the_scan
     assert offered == [str(d.pk) for d in (backlog[0], late[0], backlog[1], late[1])]
     # turns go oldest first, whoever's they are; the limit cuts the last turn
     assert webhooks.due_delivery_ids(limit=3) == offered[:3]
+    # an equal share each first (2 of 5 here); the one with more fills the rest
+    assert webhooks.due_delivery_ids(limit=5) == [
+        *offered,
+        str(backlog[2].pk),
+    ]
+    WebhookDelivery.objects.filter(pk__in=[late[1].pk]).update(status="succeeded")
+    assert webhooks.due_delivery_ids(limit=4) == [
+        str(d.pk) for d in (backlog[0], late[0], backlog[1], backlog[2])
+    ]
     WebhookDelivery.objects.filter(pk__in=offered).update(status="succeeded")
     assert webhooks.due_delivery_ids(limit=4) == [str(d.pk) for d in backlog[2:]]
 
