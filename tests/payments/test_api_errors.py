@@ -82,6 +82,21 @@ def test_unknown_paths_outside_the_api_keep_the_html_page(client):
     assert response["Content-Type"].startswith("text/html")
 
 
+def one_of_each(client, fake_dns) -> dict:
+    """Ids of one of ``client``'s account, payment, schedule and webhook endpoint."""
+    fake_dns["example.test"] = ["93.184.215.14"]
+    return {
+        "account": client.account.pk,
+        "payment": client.schedule().json()["payment_id"],
+        "recurring": create_recurring(client).json()["recurring_payment_id"],
+        "endpoint": client.api.post(
+            "/api/v1/webhook-endpoints",
+            {"url": "https://example.test/h", "event_types": ["payment.completed"]},
+            format="json",
+        ).json()["webhook_endpoint_id"],
+    }
+
+
 @pytest.mark.parametrize(
     ("method", "path"),
     [
@@ -96,17 +111,7 @@ def test_unknown_paths_outside_the_api_keep_the_html_page(client):
     ],
 )
 def test_method_not_allowed_is_json_405_with_allow(alice, fake_dns, method, path):
-    fake_dns["example.test"] = ["93.184.215.14"]
-    ids = {
-        "account": alice.account.pk,
-        "payment": alice.schedule().json()["payment_id"],
-        "recurring": create_recurring(alice).json()["recurring_payment_id"],
-        "endpoint": alice.api.post(
-            "/api/v1/webhook-endpoints",
-            {"url": "https://example.test/h", "event_types": ["payment.completed"]},
-            format="json",
-        ).json()["webhook_endpoint_id"],
-    }
+    ids = one_of_each(alice, fake_dns)
     response = getattr(alice.api, method)(path.format(**ids))
     err = error(response, 405, "method_not_allowed")
     assert method.upper() in err["message"]
@@ -448,16 +453,7 @@ def test_a_value_of_another_json_type_is_refused_as_integers_are(
     into a string field's text and "no", 0 or "on" into a boolean (an outside
     tester's finding): every field takes its own JSON type only, and nothing is
     written."""
-    fake_dns["example.test"] = ["93.184.215.14"]
-    ids = {
-        "payment": alice.schedule().json()["payment_id"],
-        "recurring": create_recurring(alice).json()["recurring_payment_id"],
-        "endpoint": alice.api.post(
-            "/api/v1/webhook-endpoints",
-            {"url": "https://example.test/h", "event_types": ["payment.completed"]},
-            format="json",
-        ).json()["webhook_endpoint_id"],
-    }
+    ids = one_of_each(alice, fake_dns)
     if path == "/api/v1/payments":
         body = schedule_body(alice) | body
     elif path == "/api/v1/recurring-payments":

@@ -2,18 +2,15 @@
 CommandError and nothing written (an outside tester's findings, production mode)."""
 
 import json
-import os
-import subprocess
-import sys
 from io import StringIO
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
-from django.db import connection
 
 from ledger.models import Account, JournalEntry
 from payments.models import ApiToken, ApiTokenEvent
+from tests.payments.test_commands import manage_py
 
 pytestmark = pytest.mark.django_db
 
@@ -225,18 +222,7 @@ def test_bad_arguments_exit_non_zero_with_one_line_and_no_traceback(args):
     nothing on stdout, nothing written."""
     get_user_model().objects.create_user(username="holder")
     before = written()
-    db = connection.settings_dict
-    proc = subprocess.run(
-        [sys.executable, "manage.py", *args],
-        capture_output=True,
-        text=True,
-        check=False,
-        env={
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "scheduler_project.settings.test",
-            "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-        },
-    )
+    proc = manage_py(*args)
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr
     assert proc.stderr.startswith("CommandError: ") and proc.stderr.count("\n") == 1

@@ -49,23 +49,29 @@ def test_create_api_client_racing_another_run_for_the_same_name_says_so(monkeypa
     assert Account.objects.count() == accounts
 
 
-@pytest.mark.postgres
-@pytest.mark.django_db(transaction=True)
-def test_create_api_client_json_is_the_only_stdout_in_a_real_process():
-    """Operators pipe it into jq: nothing but the JSON object may reach stdout."""
+def manage_py(*args: str, **env: str) -> subprocess.CompletedProcess:
+    """``manage.py ARGS`` in a process of its own, on the test database."""
     db = connection.settings_dict
-    proc = subprocess.run(
-        [sys.executable, "manage.py", "create_api_client", "scripted", "--json"],
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
         capture_output=True,
         text=True,
-        check=True,
+        check=False,
         env={
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "scheduler_project.settings.test",
             "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-            "LOG_FORMAT": "json",
+            **env,
         },
     )
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_create_api_client_json_is_the_only_stdout_in_a_real_process():
+    """Operators pipe it into jq: nothing but the JSON object may reach stdout."""
+    proc = manage_py("create_api_client", "scripted", "--json", LOG_FORMAT="json")
+    assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert result["username"] == "scripted" and len(result["account_ids"]) == 1
 

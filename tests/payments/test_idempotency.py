@@ -38,6 +38,23 @@ def schedule_body(client, **overrides) -> dict:
     } | overrides
 
 
+def expired_keys(client, ttl_seconds: int, ages) -> None:
+    """Completed keys ``k<age>`` of ``client``, each ``age`` minutes past the TTL."""
+    now = timezone.now()
+    ttl = timedelta(seconds=ttl_seconds)
+    IdempotencyKey.objects.bulk_create(
+        IdempotencyKey(
+            client=client.user,
+            key=f"k{age}",
+            fingerprint="f",
+            status=IdempotencyStatus.COMPLETED,
+            locked_at=now - ttl - timedelta(minutes=age),
+            created_at=now - ttl - timedelta(minutes=age),
+        )
+        for age in ages
+    )
+
+
 @pytest.mark.django_db
 class TestSemantics:
     def test_same_key_same_request_replays_first_response(self, alice):
@@ -501,19 +518,7 @@ class TestSemantics:
         """DESIGN §8: one DELETE of every expired key held the worker it shares with
         the materialiser for as long as the backlog took; now ``batch`` keys a
         transaction, oldest first, until the run's time is up."""
-        now = timezone.now()
-        ttl = timedelta(seconds=settings.IDEMPOTENCY_TTL_SECONDS)
-        IdempotencyKey.objects.bulk_create(
-            IdempotencyKey(
-                client=alice.user,
-                key=f"k{age}",
-                fingerprint="f",
-                status=IdempotencyStatus.COMPLETED,
-                locked_at=now - ttl - timedelta(minutes=age),
-                created_at=now - ttl - timedelta(minutes=age),
-            )
-            for age in range(1, 8)
-        )
+        expired_keys(alice, settings.IDEMPOTENCY_TTL_SECONDS, range(1, 8))
         clock = iter(range(100))  # one second a reading: room for two batches
         monkeypatch.setattr(idempotency.time, "monotonic", lambda: next(clock))
         assert idempotency_purge_expired(batch=2, budget_seconds=2.5) == 4
@@ -523,19 +528,7 @@ class TestSemantics:
         assert not IdempotencyKey.objects.exists()
 
     def test_purge_starts_no_batch_once_its_time_is_up(self, alice, settings, monkeypatch):
-        now = timezone.now()
-        ttl = timedelta(seconds=settings.IDEMPOTENCY_TTL_SECONDS)
-        IdempotencyKey.objects.bulk_create(
-            IdempotencyKey(
-                client=alice.user,
-                key=f"k{age}",
-                fingerprint="f",
-                status=IdempotencyStatus.COMPLETED,
-                locked_at=now - ttl - timedelta(minutes=age),
-                created_at=now - ttl - timedelta(minutes=age),
-            )
-            for age in range(1, 8)
-        )
+        expired_keys(alice, settings.IDEMPOTENCY_TTL_SECONDS, range(1, 8))
         clock = iter(range(100))  # one second a reading: the deadline is read at 2
         monkeypatch.setattr(idempotency.time, "monotonic", lambda: next(clock))
         assert idempotency_purge_expired(batch=2, budget_seconds=2) == 2
