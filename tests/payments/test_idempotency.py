@@ -696,12 +696,15 @@ def test_a_request_still_running_when_a_retry_takes_over_its_key_is_rolled_back(
     assert again["Idempotent-Replayed"] == "true" and again.json() == retry.json()
 
 
+@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_a_key_reused_while_the_purge_runs_is_not_purged(alice, settings, monkeypatch):
     """The purge reads a batch of expired ids, then deletes them: a key the client
     reused in between (a new created_at on the same row) and completed was deleted
     with them, so the client's retry found nothing and ran its request again — a
-    second payment (a reviewer's probe). The delete checks the age again."""
+    second payment (a reviewer's probe). The delete checks the age again. (SQLite's
+    write transactions take the database's one write lock at BEGIN: nothing can
+    come in between there.)"""
     import threading
 
     from django.db import connection
