@@ -35,6 +35,7 @@ def test_management_commands(alice, monkeypatch):
         "requeued": 2,
         "dead_lettered": 0,
         "errors": 0,
+        "timed_out": 0,
         "budget_exhausted": False,
     }
     assert set(Payment.objects.values_list("status", flat=True)) == {PaymentStatus.PENDING}
