@@ -32,6 +32,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import connections, router, transaction
 from django.utils import timezone
 
+from .batches import in_batches
 from .exceptions import IdempotencyClaimLost, IdempotencyKeyInUse, IdempotencyKeyReused
 from .models import IdempotencyKey, IdempotencyStatus
 
@@ -195,16 +196,17 @@ def idempotency_purge_expired(*, batch: int = 5000, budget_seconds: float = 5.0)
         .order_by("created_at")
         .values_list("pk", flat=True)
     )
-    deadline = time.monotonic() + budget_seconds
     deleted = 0
-    while time.monotonic() < deadline:
-        with transaction.atomic():
-            ids = list(expired[:batch])
-            # the age again: a key reused since it was read (``_restart`` gives
-            # the row a new created_at) is a live key, and deleting it let the
-            # client's retry run its request a second time (a reviewer's probe)
-            gone, _ = IdempotencyKey.objects.filter(pk__in=ids, created_at__lt=cutoff).delete()
+
+    def step() -> int:
+        nonlocal deleted
+        ids = list(expired[:batch])
+        # the age again: a key reused since it was read (``_restart`` gives the
+        # row a new created_at) is a live key, and deleting it let the client's
+        # retry run its request a second time (a reviewer's probe)
+        gone, _ = IdempotencyKey.objects.filter(pk__in=ids, created_at__lt=cutoff).delete()
         deleted += gone
-        if len(ids) < batch:
-            break
+        return len(ids)
+
+    in_batches(step, batch, time.monotonic() + budget_seconds)
     return deleted

@@ -66,6 +66,7 @@ from django.utils import timezone
 from ledger.db import binary_cursor, bulk_insert_rows
 
 from . import metrics, webhook_secrets, webhook_transport
+from .batches import in_batches
 from .clock import iso_timestamp
 from .exceptions import InvalidRequest, LimitExceeded, NotFound
 from .models import (
@@ -800,10 +801,7 @@ def purge_finished(*, batch: int = 1000, budget_seconds: float = 60.0) -> int:
     )
 
     def deliveries() -> int:
-        ids = [delivery.pk for delivery in old[:batch]]
-        WebhookAttempt.objects.filter(delivery_id__in=ids).delete()
-        WebhookDelivery.objects.filter(pk__in=ids).delete()
-        return len(ids)
+        return _delete_deliveries([delivery.pk for delivery in old[:batch]])
 
     orphans = (
         WebhookEvent.objects.filter(dispatched_at__lt=cutoff)
@@ -817,8 +815,8 @@ def purge_finished(*, batch: int = 1000, budget_seconds: float = 60.0) -> int:
         WebhookEvent.objects.filter(pk__in=ids).delete()
         return len(ids)
 
-    deleted = _in_batches(deliveries, batch, deadline)
-    events = _in_batches(events_left_alone, batch, deadline)
+    deleted = in_batches(deliveries, batch, deadline)
+    events = in_batches(events_left_alone, batch, deadline)
     if deleted or events:
         logger.info(
             "purged %s webhook deliveries and %s events older than %s days", deleted, events, days
@@ -826,18 +824,12 @@ def purge_finished(*, batch: int = 1000, budget_seconds: float = 60.0) -> int:
     return deleted
 
 
-def _in_batches(step, batch: int, deadline: float) -> int:
-    """``step()`` (one transaction each; it returns how many rows it handled) until
-    it handles fewer than ``batch`` or the ``time.monotonic()`` ``deadline``
-    passes; the rows handled in all."""
-    done = 0
-    while time.monotonic() < deadline:
-        with transaction.atomic():
-            handled = step()
-        done += handled
-        if handled < batch:
-            break
-    return done
+def _delete_deliveries(ids: list) -> int:
+    """Delete the deliveries ``ids`` with their attempts (the caller's transaction);
+    how many ids there were."""
+    WebhookAttempt.objects.filter(delivery_id__in=ids).delete()
+    WebhookDelivery.objects.filter(pk__in=ids).delete()
+    return len(ids)
 
 
 def _closed_in_turns(now, limit: int) -> list:
@@ -855,9 +847,7 @@ def _closed_in_turns(now, limit: int) -> list:
     share = -(-limit // len(endpoints))  # ceil
     rows = _turns(endpoints, now, share, offset=0)
     if len(rows) < limit and share < limit:
-        taken: dict = {}
-        for _, endpoint_id, _, _ in rows:
-            taken[endpoint_id] = taken.get(endpoint_id, 0) + 1
+        taken = Counter(endpoint_id for _, endpoint_id, _, _ in rows)
         full = [endpoint_id for endpoint_id, count in taken.items() if count == share]
         if full:
             rows += _turns(full, now, limit - len(rows), offset=share)
@@ -1088,11 +1078,8 @@ def endpoint_delete(*, client, endpoint_id) -> None:
 
     def deliveries() -> int:
         _owned(client, endpoint_id, lock=True)  # as a worker recording an attempt holds it
-        ids = list(history[:DELETE_HISTORY_BATCH])
-        WebhookAttempt.objects.filter(delivery_id__in=ids).delete()
-        WebhookDelivery.objects.filter(pk__in=ids).delete()
-        return len(ids)
+        return _delete_deliveries(list(history[:DELETE_HISTORY_BATCH]))
 
-    _in_batches(deliveries, DELETE_HISTORY_BATCH, deadline=float("inf"))
+    in_batches(deliveries, DELETE_HISTORY_BATCH, deadline=float("inf"))
     with transaction.atomic():
         _owned(client, endpoint_id, lock=True, key=True).delete()

@@ -17,6 +17,7 @@ from __future__ import annotations
 from ledger.db import set_local, transaction_time_bound
 
 QUERY_CANCELED_SQLSTATE = "57014"  # statement_timeout (or an operator's pg_cancel_backend)
+LOCK_NOT_AVAILABLE_SQLSTATE = "55P03"  # lock_timeout
 
 
 def milliseconds(seconds: float) -> str:
@@ -32,6 +33,16 @@ def bound_statements(seconds: float) -> None:
     set_local({"statement_timeout": milliseconds(seconds)})
 
 
+def sqlstate(exc: BaseException) -> str | None:
+    """The SQLSTATE of the driver's error behind a Django database error, if any."""
+    return getattr(exc.__cause__, "sqlstate", None)
+
+
 def statement_timed_out(exc: BaseException) -> bool:
     """Whether a database error is a statement cancelled by its time limit."""
-    return getattr(exc.__cause__, "sqlstate", None) == QUERY_CANCELED_SQLSTATE
+    return sqlstate(exc) == QUERY_CANCELED_SQLSTATE
+
+
+def lock_timed_out(exc: BaseException) -> bool:
+    """Whether a database error is a row lock given up on past ``lock_timeout``."""
+    return sqlstate(exc) == LOCK_NOT_AVAILABLE_SQLSTATE

@@ -99,7 +99,7 @@ from ledger.services import LedgerBatch, locking_accounts_last
 
 from .. import locks, metrics, transitions
 from ..models import AttemptOutcome, Payment, PaymentAttempt, PaymentEvent
-from .bounds import milliseconds
+from .bounds import lock_timed_out, milliseconds, sqlstate
 
 logger = logging.getLogger(__name__)
 
@@ -251,28 +251,22 @@ quarantine = Quarantine()
 # IntegrityError…), a bug one payment reaches — splits the chunk at once.
 NOT_A_PAYMENTS_FAULT = (OperationalError, InterfaceError, OSError, SoftTimeLimitExceeded)
 READ_ONLY_SQLSTATE = "25006"  # a failover's read-only standby: an InternalError
-LOCK_NOT_AVAILABLE_SQLSTATE = "55P03"  # lock_timeout (PAYMENT_LOCK_TIMEOUT_SECONDS)
-
-
-def lock_timed_out(exc: BaseException) -> bool:
-    """Whether the batch gave up waiting for a row lock (``PAYMENT_LOCK_TIMEOUT_SECONDS``).
-
-    Not a payment's fault, and retried like any transient error; but the row
-    it waited for may be one a collapsed payment brought in — its account
-    another session keeps locked (a staff member's or an operator's open
-    transaction, a stuck process) — so what the batch collapsed is kept out of
-    later collapses, as after a payment's fault (``Quarantine``). Before the
-    limit, every batch of that partition that collapsed such a payment waited
-    for the lock up to the batch's 30 s, the other clients' payments in it
-    with it, for as long as the lock lasted."""
-    return getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE_SQLSTATE
+# A batch that gave up waiting for a row lock (``lock_timed_out``,
+# PAYMENT_LOCK_TIMEOUT_SECONDS) is not a payment's fault either, and is retried
+# like any transient error; but the row it waited for may be one a collapsed
+# payment brought in — its account another session keeps locked (a staff
+# member's or an operator's open transaction, a stuck process) — so what the
+# batch collapsed is kept out of later collapses, as after a payment's fault
+# (``Quarantine``). Before the limit, every batch of that partition that
+# collapsed such a payment waited for the lock up to the batch's 30 s, the other
+# clients' payments in it with it, for as long as the lock lasted.
 
 
 def payments_fault(exc: BaseException) -> bool:
     """Whether ``exc`` may have come from a payment in the batch (see above)."""
     if isinstance(exc, NOT_A_PAYMENTS_FAULT):
         return False
-    return getattr(exc.__cause__, "sqlstate", None) != READ_ONLY_SQLSTATE
+    return sqlstate(exc) != READ_ONLY_SQLSTATE
 
 
 def execute_chunk(

@@ -536,19 +536,7 @@ class TestSemantics:
     def test_purge_runs_the_documented_batches_and_time(self, alice, settings, monkeypatch):
         """README: "5,000 a transaction, at most 5 s a run" (by behaviour: mutation
         testing wraps the function, so its signature would not show a changed default)."""
-        now = timezone.now()
-        old = now - timedelta(seconds=settings.IDEMPOTENCY_TTL_SECONDS + 60)
-        IdempotencyKey.objects.bulk_create(
-            IdempotencyKey(
-                client=alice.user,
-                key=f"k{n}",
-                fingerprint="f",
-                status=IdempotencyStatus.COMPLETED,
-                locked_at=old,
-                created_at=old,
-            )
-            for n in range(5001)
-        )
+        expired_keys(alice, settings.IDEMPOTENCY_TTL_SECONDS, range(1, 5002))
         # the deadline read at 0, the first batch at 4 s, the next look at 5 s: one batch
         clock = iter([0, 4, 5, 6, 7])
         monkeypatch.setattr(idempotency.time, "monotonic", lambda: next(clock))
