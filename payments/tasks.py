@@ -335,11 +335,13 @@ def publish_turn(sender, delivery_id: str, **kwargs) -> None:
 
 @shared_task(name="payments.dispatch_webhooks", ignore_result=True, acks_late=True)
 def dispatch_webhooks(event_ids: list[str]) -> int:
-    """Expand one transaction's events into deliveries and send them (webhook worker)."""
-    delivery_ids = webhooks.dispatch(event_ids)
-    for delivery_id in delivery_ids:
-        deliver_webhook.apply_async(args=[delivery_id])
-    return len(delivery_ids)
+    """Expand one transaction's events into deliveries and send them (webhook worker):
+    each client's share first, the rest behind every other client's (``webhooks.Offer``)."""
+    offers = webhooks.dispatch(event_ids)
+    for offer in offers:
+        options = {"priority": webhooks.BEHIND_PRIORITY} if offer.behind else {}
+        deliver_webhook.apply_async(args=[offer.delivery_id], **options)
+    return len(offers)
 
 
 @shared_task(name="payments.retry_webhooks", ignore_result=True)

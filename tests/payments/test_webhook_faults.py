@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from datetime import timedelta
+from uuid import UUID
 
 import pytest
 from django.db import connection
@@ -184,6 +185,84 @@ def test_one_clients_backlog_does_not_push_anothers_due_delivery_out_of_the_scan
     ]
     WebhookDelivery.objects.filter(pk__in=offered).update(status="succeeded")
     assert webhooks.due_delivery_ids(limit=4) == [str(d.pk) for d in backlog[2:]]
+
+
+def events_of(client, count, endpoint_count=1):
+    """``count`` undispatched ``payment.completed`` events of ``client``, with
+    ``endpoint_count`` endpoints subscribed to them."""
+    for _ in range(endpoint_count):
+        WebhookEndpoint.objects.create(
+            client=client.user,
+            url="https://hooks.example.com/",
+            secret_ciphertext=webhook_secrets.encrypt("whsec_test"),
+            event_types=["payment.completed"],
+        )
+    return [
+        WebhookEvent.objects.create(
+            client=client.user,
+            event_type="payment.completed",
+            data={},
+            created_at=timezone.now() + timedelta(milliseconds=k),
+        )
+        for k in range(count)
+    ]
+
+
+def test_one_clients_burst_is_sent_behind_anothers_deliveries(alice, bob, settings, monkeypatch):
+    """DESIGN §8: the webhook queue is first in, first out, and a dispatch sent a
+    message per delivery — one client's burst (a payment batch's 500 events) stood
+    ahead of every other client's webhooks, each message taking its turn only to
+    be put off over the client's share (a reviewer, session 44). Each client's
+    share of a dispatch goes at the default priority; the rest go behind."""
+    from payments import tasks
+
+    settings.WEBHOOK_MAX_IN_FLIGHT_PER_CLIENT = 3
+    burst = events_of(alice, 7, endpoint_count=2)  # 14 deliveries
+    other = events_of(bob, 2)
+    sent = []
+    monkeypatch.setattr(
+        tasks.deliver_webhook, "apply_async", lambda args, **options: sent.append((args, options))
+    )
+    assert tasks.dispatch_webhooks.run([e.pk for e in [*burst[:3], *other, *burst[3:]]]) == 16
+    client_of = dict(WebhookDelivery.objects.values_list("pk", "endpoint__client_id"))
+    ahead = [client_of[UUID(args[0])] for args, options in sent if not options]
+    behind = [client_of[UUID(args[0])] for args, options in sent if options]
+    assert sorted(ahead) == sorted([alice.user.pk] * 3 + [bob.user.pk] * 2)
+    assert behind == [alice.user.pk] * 11
+    assert {o["priority"] for _, o in sent if o} == {webhooks.BEHIND_PRIORITY}
+    # in the events' order: the share ahead is the burst's first two events' (2 endpoints)
+    event_of = dict(WebhookDelivery.objects.values_list("pk", "event_id"))
+    alices_ahead = [
+        event_of[UUID(args[0])]
+        for args, options in sent
+        if not options and client_of[UUID(args[0])] == alice.user.pk
+    ]
+    assert set(alices_ahead) == {burst[0].pk, burst[1].pk}
+
+
+def test_the_webhook_worker_takes_the_default_priority_before_a_burst_behind(private_redis):
+    """What the order above relies on, on a real Redis through kombu's transport
+    as the worker reads it (BRPOP over the priority lists): a message at the
+    default priority published after 50 at ``BEHIND_PRIORITY`` is taken first."""
+    from kombu import Connection, Consumer, Exchange, Producer, Queue
+
+    queue = Queue("webhooks", Exchange("webhooks"), "webhooks")
+    taken = []
+    with Connection(private_redis.url) as conn:
+        channel = conn.channel()
+        producer = Producer(channel, exchange=queue.exchange, routing_key="webhooks")
+        queue(channel).declare()
+        for k in range(50):
+            producer.publish({"n": k}, priority=webhooks.BEHIND_PRIORITY)
+        producer.publish({"n": "other client"})
+        consumer = Consumer(
+            channel, [queue], callbacks=[lambda body, m: (taken.append(body["n"]), m.ack())]
+        )
+        consumer.qos(prefetch_count=1)
+        with consumer:
+            while len(taken) < 3:
+                conn.drain_events(timeout=5)
+    assert taken == ["other client", 0, 1]
 
 
 def test_a_new_url_starts_with_its_circuit_closed_and_the_put_off_deliveries_due(
