@@ -13,6 +13,7 @@ from .api.errors import (
     DATABASE_UNAVAILABLE,
     error_body,
     is_api_path,
+    length_required,
     payload_too_large,
     service_unavailable,
 )
@@ -127,8 +128,12 @@ class ApiBodyLimitMiddleware:
 
     Judged by ``Content-Length`` before anything reads the body, authenticates
     or claims an Idempotency-Key: nothing is written, and the key stays free for
-    the corrected request. (Under WSGI a body is read only up to its
-    Content-Length, so a request without one carries no body to a view.)
+    the corrected request.
+
+    A body sent chunked (``Transfer-Encoding``, no ``Content-Length``) is a 411
+    ``length_required``: under WSGI Django reads a body only up to its
+    Content-Length, so the view saw an empty body and answered "field
+    required" for a request that had sent every field (an outside tester).
     """
 
     def __init__(self, get_response):
@@ -136,6 +141,8 @@ class ApiBodyLimitMiddleware:
 
     def __call__(self, request):
         if is_api_path(request.path):
+            if "HTTP_TRANSFER_ENCODING" in request.META and not request.META.get("CONTENT_LENGTH"):
+                return length_required()
             try:
                 length = int(request.META.get("CONTENT_LENGTH") or 0)
             except ValueError:

@@ -42,6 +42,7 @@ ERROR_CODES: dict[str, int] = {
     "payment_not_due": 409,
     "recurring_not_modifiable": 409,
     "idempotency_key_in_use": 409,
+    "length_required": 411,
     "payload_too_large": 413,
     "unsupported_media_type": 415,
     "account_not_found": 422,
@@ -86,6 +87,9 @@ DATABASE_UNAVAILABLE = (OperationalError, InterfaceError)
 
 UNAVAILABLE_MESSAGE = "The service is temporarily unavailable; retry after the given delay."
 TOO_LARGE_MESSAGE = "The request body is larger than {limit} bytes."
+LENGTH_REQUIRED_MESSAGE = (
+    "Send the request body with a Content-Length header: a chunked body is not read."
+)
 
 
 def is_api_path(path: str) -> bool:
@@ -129,6 +133,11 @@ def service_unavailable(request, exc: BaseException) -> HttpResponse:
 def payload_too_large() -> JsonResponse:
     """413 for an API body over ``API_MAX_BODY_BYTES`` (payments.middleware)."""
     return JsonResponse(too_large_body(settings.API_MAX_BODY_BYTES), status=413)
+
+
+def length_required() -> JsonResponse:
+    """411 for an API body sent without a Content-Length (payments.middleware)."""
+    return JsonResponse(error_body("length_required", LENGTH_REQUIRED_MESSAGE), status=411)
 
 
 def _field_errors(detail) -> dict:

@@ -7,7 +7,8 @@ error response is the one ``ErrorResponse`` component (``code`` an enum of
 operations of a kind share is added here, once, not at each view:
 
 - bearer-authenticated: 401 ``not_authenticated`` / ``authentication_failed``;
-- every operation: 429 ``throttled`` and 503 ``service_unavailable``, both with
+- every operation: 411 ``length_required`` and 413 ``payload_too_large`` (the body
+  limit), 429 ``throttled`` and 503 ``service_unavailable``, both with
   ``Retry-After``;
 - a JSON request body: 400 ``validation_error`` / ``parse_error``, 413
   ``payload_too_large``, 415 ``unsupported_media_type``;
@@ -85,9 +86,14 @@ def _idempotent_replayed(statuses: Iterable[int]) -> OpenApiParameter:
 
 
 BEARER_ERRORS = {401: ("not_authenticated", "authentication_failed")}
-# 413: ApiBodyLimitMiddleware judges every API request by its Content-Length,
+# 411, 413: ApiBodyLimitMiddleware judges every API request by its Content-Length,
 # a GET's too, before anything else (payments/middleware.py).
-COMMON_ERRORS = {413: ("payload_too_large",), 429: ("throttled",), 503: ("service_unavailable",)}
+COMMON_ERRORS = {
+    411: ("length_required",),
+    413: ("payload_too_large",),
+    429: ("throttled",),
+    503: ("service_unavailable",),
+}
 BODY_ERRORS = {
     400: ("validation_error", "parse_error"),
     413: ("payload_too_large",),
@@ -99,8 +105,8 @@ IDEMPOTENCY_ERRORS = {
     409: ("idempotency_key_in_use",),
     422: ("idempotency_key_reused",),
 }
-# A replay repeats a stored success or business refusal; never 401, 413, 415, 429, 503.
-NOT_REPLAYED = {401, 413, 415, 429, 503}
+# A replay repeats a stored success or business refusal; never 401, 411, 413, 415, 429, 503.
+NOT_REPLAYED = {401, 411, 413, 415, 429, 503}
 
 
 def error_response(codes: Iterable[str]) -> OpenApiResponse:

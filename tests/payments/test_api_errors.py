@@ -183,6 +183,34 @@ def test_an_oversize_body_is_413_on_every_api_path(alice, settings, method, path
     assert Payment.objects.count() == 1 and RecurringPayment.objects.count() == 0
 
 
+@pytest.mark.parametrize(
+    "method, path",
+    [
+        ("POST", "/api/v1/payments/schedule"),
+        ("PATCH", "/api/v1/payments/{payment}"),
+        ("GET", "/api/v1/payments/{payment}"),
+        ("POST", "/api/v1/nothing-here"),
+    ],
+)
+def test_a_chunked_body_is_411_on_every_api_path_and_writes_nothing(alice, method, path):
+    """Django reads a body only up to its Content-Length: a body sent chunked
+    reached the view empty and was answered "field required" for fields the
+    client had sent (an outside tester). Refused first, like an oversize body."""
+    payment_id = alice.schedule().json()["payment_id"]
+    for api in (alice.api, APIClient()):
+        response = api.generic(
+            method,
+            path.format(payment=payment_id),
+            HTTP_TRANSFER_ENCODING="chunked",
+            HTTP_IDEMPOTENCY_KEY="chunked-1",
+        )
+        err = error(response, 411, "length_required")
+        assert "Content-Length" in err["message"]
+    assert Payment.objects.count() == 1
+    # the key stayed free, and a body with its length goes through
+    assert alice.schedule(headers={"Idempotency-Key": "chunked-1"}).status_code == 201
+
+
 # --- authentication ------------------------------------------------------------------
 
 

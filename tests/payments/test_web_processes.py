@@ -124,3 +124,36 @@ def test_gunicorn_answers_503_while_the_database_is_away_and_retries_succeed(tmp
         web.stop()
         proxy.close()
     assert Payment.objects.count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_gunicorn_refuses_a_chunked_body_with_411_and_takes_it_with_its_length(tmp_path, alice):
+    """What the middleware's 411 relies on, as served: gunicorn decodes a chunked
+    body but passes no CONTENT_LENGTH, and Django then reads none of it."""
+    import http.client
+
+    body = json.dumps(
+        {
+            "from_account_id": alice.account.pk,
+            "to_account_id": alice.other_account.pk,
+            "amount": 100,
+            "delay_seconds": 60,
+        }
+    ).encode()
+    headers = {"Authorization": f"Bearer {alice.token}", "Content-Type": "application/json"}
+    web = Gunicorn(tmp_path, workers=1)
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", web.port, timeout=30)
+        conn.request(
+            "POST", "/api/v1/payments", body=iter([body]), headers=headers, encode_chunked=True
+        )
+        response = conn.getresponse()
+        answer = json.loads(response.read())
+        assert response.status == 411, answer
+        assert answer["error"]["code"] == "length_required"
+        conn.close()
+        status, _, content = web.request("POST", "/api/v1/payments", json.loads(body), headers)
+        assert status == 201, content
+    finally:
+        web.stop()
+    assert Payment.objects.count() == 1
