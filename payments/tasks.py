@@ -336,11 +336,15 @@ def publish_turn(sender, delivery_id: str, **kwargs) -> None:
 @shared_task(name="payments.dispatch_webhooks", ignore_result=True, acks_late=True)
 def dispatch_webhooks(event_ids: list[str]) -> int:
     """Expand one transaction's events into deliveries and send them (webhook worker):
-    each client's share first, the rest behind every other client's (``webhooks.Offer``)."""
-    offers = webhooks.dispatch(event_ids)
+    each client's free share first, the rest behind every other client's."""
+    return _send(webhooks.dispatch(event_ids))
+
+
+def _send(offers: list[webhooks.Offer]) -> int:
+    """One ``deliver_webhook`` message an offer; ``behind`` at ``BEHIND_PRIORITY``."""
     for offer in offers:
-        options = {"priority": webhooks.BEHIND_PRIORITY} if offer.behind else {}
-        deliver_webhook.apply_async(args=[offer.delivery_id], **options)
+        behind = {"priority": webhooks.BEHIND_PRIORITY} if offer.behind else {}
+        deliver_webhook.apply_async(args=[offer.delivery_id], queue=routing.WEBHOOK_QUEUE, **behind)
     return len(offers)
 
 
@@ -351,7 +355,4 @@ def retry_webhooks() -> int:
     events = webhooks.undispatched_event_ids()
     if events:
         dispatch_webhooks.apply_async(args=[events])
-    ids = webhooks.due_delivery_ids()
-    for delivery_id in ids:
-        deliver_webhook.apply_async(args=[delivery_id], queue=routing.WEBHOOK_QUEUE)
-    return len(ids)
+    return _send(webhooks.due_offers())

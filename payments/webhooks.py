@@ -42,15 +42,16 @@ line, no attempt spent (``client_busy``; ``_ClientShares``), and is sent when
 one of the client's requests ends (``turn_came``).
 
 Fair order in the queue: the webhook queue is first in, first out, so one
-client's burst — 10,000 payments completing in a second, 10,000 delivery
-messages — stood ahead of every other client's next webhook, each message
-taking its turn only to be put off. ``dispatch`` marks each client's
-deliveries beyond its share of the one dispatch as ``behind``; they are sent at
-``BEHIND_PRIORITY``, which kombu's Redis transport serves only when no message
-of the default priority waits. Each client's first few of every dispatch, the
-turns handed on, retries and the beat's scan keep the default. Brokers without
-priorities (the embedded file broker, RabbitMQ without ``x-max-priority``)
-keep plain arrival order.
+client's burst — a payment batch's 500 events, 500 delivery messages — stood
+ahead of every other client's next webhook, each message taking its turn only
+to be put off. What ``dispatch`` and the beat's scan send (``offers``) goes
+ahead only up to the client's free share of this process's requests — none
+while the client already has deliveries waiting in line here — and the rest
+``behind``, at ``BEHIND_PRIORITY``, which kombu's Redis transport serves only
+when no message of the default priority waits. Turns handed on and retries
+keep the default. Brokers without priorities (the embedded file broker, and
+RabbitMQ: its queues are declared without ``x-max-priority``) keep plain
+arrival order; RabbitMQ with it would serve 9 *first*, so do not add it.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
+from uuid import UUID
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -210,11 +212,25 @@ events_recorded = Signal()
 
 @dataclass(frozen=True)
 class Offer:
-    """A new delivery worth sending now; ``behind``: past its client's share of
-    the dispatch, so it is sent at ``BEHIND_PRIORITY`` (module docstring)."""
+    """A delivery worth sending now; ``behind``: past its client's free share, so
+    it is sent at ``BEHIND_PRIORITY`` (module docstring)."""
 
     delivery_id: str
     behind: bool
+
+
+def offers(pairs: Iterable[tuple]) -> list[Offer]:
+    """``(delivery id, client)`` pairs, in order, as offers: each client's first
+    ``_ClientShares.free`` ahead, the rest behind."""
+    free: dict = {}
+    counted: Counter = Counter()
+    made = []
+    for delivery_id, client_id in pairs:
+        if client_id not in free:
+            free[client_id] = _client_shares.free(client_id)
+        counted[client_id] += 1
+        made.append(Offer(str(delivery_id), behind=counted[client_id] > free[client_id]))
+    return made
 
 
 def dispatch(event_ids) -> list[Offer]:
@@ -226,8 +242,7 @@ def dispatch(event_ids) -> list[Offer]:
     the events' order: deliveries to an endpoint whose circuit is open — or
     has lapsed and awaits its probe — wait in the table, and the beat scan
     offers them once it closes (a dead endpoint costs no message per event).
-    Each client's first ``WEBHOOK_MAX_IN_FLIGHT_PER_CLIENT`` go ahead, the
-    rest ``behind``.
+    Each client's free share goes ahead, the rest ``behind`` (``offers``).
     """
     with transaction.atomic():
         events = list(
@@ -248,14 +263,7 @@ def dispatch(event_ids) -> list[Offer]:
     # the whole expansion cost a task and a transaction per delivery only to
     # defer all but one (noisy bench: 50 dead endpoints kept the webhook worker
     # at 20 CPU-s per 4 min, mostly in ``_claim`` deferring).
-    share = settings.WEBHOOK_MAX_IN_FLIGHT_PER_CLIENT
-    counted: Counter = Counter()
-    offers = []
-    for delivery, client_id, closed in created:
-        if closed:
-            counted[client_id] += 1
-            offers.append(Offer(str(delivery), behind=counted[client_id] > share))
-    return offers
+    return offers((delivery, client_id) for delivery, client_id, closed in created if closed)
 
 
 # The fan-out in one statement: the rows (and their payloads, the same JSON
@@ -294,7 +302,7 @@ SELECT pairs.id, pairs.client_id, pairs.closed FROM pairs JOIN inserted USING (i
 
 def _fan_out_sql(event_ids) -> list[tuple]:
     """(delivery id, client, endpoint's circuit closed?) for the deliveries made
-    for ``event_ids``, in the events' order (PostgreSQL)."""
+    for ``event_ids``, oldest event first (PostgreSQL)."""
     with connection.cursor() as cursor:
         cursor.execute(_FAN_OUT_SQL, [list(event_ids)])
         return cursor.fetchall()
@@ -513,6 +521,15 @@ class _ClientShares:
             if returning:
                 line.move_to_end(delivery_id, last=False)
             return False
+
+    def free(self, client_id) -> int:
+        """Requests the client may start here now without waiting: none while any
+        of its deliveries waits in line."""
+        with self._lock:
+            if self._lines.get(client_id):
+                return 0
+            busy = self._in_flight.get(client_id, 0) + len(self._promises(client_id))
+            return max(0, settings.WEBHOOK_MAX_IN_FLIGHT_PER_CLIENT - busy)
 
     def put_off(self, client_id, delivery_id) -> None:
         """The delivery's put-off is written: its turn may come now."""
@@ -767,6 +784,17 @@ def retry_delay(delivery_id) -> float:
 
 def _count(outcome: str) -> None:
     metrics.webhook_deliveries.labels(outcome=outcome).inc()
+
+
+def due_offers(limit: int = 500) -> list[Offer]:
+    """``due_delivery_ids`` as offers: a backlog the scan finds (a burst still in
+    the queue is due too) goes behind past its client's free share, or its copies
+    would stand ahead of every other client's webhooks once a scan."""
+    ids = due_delivery_ids(limit)
+    client_of = dict(
+        WebhookDelivery.objects.filter(pk__in=ids).values_list("pk", "endpoint__client_id")
+    )
+    return offers((pk, client_of[UUID(pk)]) for pk in ids if UUID(pk) in client_of)
 
 
 def due_delivery_ids(limit: int = 500) -> list[str]:

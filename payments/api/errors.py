@@ -137,6 +137,9 @@ def payload_too_large() -> JsonResponse:
 
 def length_required() -> JsonResponse:
     """411 for an API body sent without a Content-Length (payments.middleware)."""
+    # No ``Connection: close`` (a hop-by-hop header: wsgiref, under runserver,
+    # refuses it from an application). gunicorn discards the unread body itself;
+    # runserver reads it as the next request on the connection, which fails 400.
     return JsonResponse(error_body("length_required", LENGTH_REQUIRED_MESSAGE), status=411)
 
 

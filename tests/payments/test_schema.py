@@ -195,10 +195,10 @@ def test_every_error_response_is_the_error_component(operations):
             )
 
 
-def test_401_413_429_503_wherever_they_apply(operations):
+def test_401_411_413_429_503_wherever_they_apply(operations):
     for operation_id, op in operations.items():
         statuses = set(op["responses"])
-        assert {"413", "429", "503"} <= statuses, operation_id
+        assert {"411", "413", "429", "503"} <= statuses, operation_id
         if operation_id == "internal_payment_execute":
             assert "401" not in statuses  # a wrong X-Internal-Auth is a 404
         else:

@@ -213,7 +213,7 @@ def test_one_clients_burst_is_sent_behind_anothers_deliveries(alice, bob, settin
     message per delivery — one client's burst (a payment batch's 500 events) stood
     ahead of every other client's webhooks, each message taking its turn only to
     be put off over the client's share (a reviewer, session 44). Each client's
-    share of a dispatch goes at the default priority; the rest go behind."""
+    free share goes at the default priority; the rest go behind."""
     from payments import tasks
 
     settings.WEBHOOK_MAX_IN_FLIGHT_PER_CLIENT = 3
@@ -225,19 +225,75 @@ def test_one_clients_burst_is_sent_behind_anothers_deliveries(alice, bob, settin
     )
     assert tasks.dispatch_webhooks.run([e.pk for e in [*burst[:3], *other, *burst[3:]]]) == 16
     client_of = dict(WebhookDelivery.objects.values_list("pk", "endpoint__client_id"))
-    ahead = [client_of[UUID(args[0])] for args, options in sent if not options]
-    behind = [client_of[UUID(args[0])] for args, options in sent if options]
+    assert {options["queue"] for _, options in sent} == {"webhooks"}
+    ahead = [client_of[UUID(args[0])] for args, options in sent if "priority" not in options]
+    behind = [client_of[UUID(args[0])] for args, options in sent if "priority" in options]
     assert sorted(ahead) == sorted([alice.user.pk] * 3 + [bob.user.pk] * 2)
     assert behind == [alice.user.pk] * 11
-    assert {o["priority"] for _, o in sent if o} == {webhooks.BEHIND_PRIORITY}
-    # in the events' order: the share ahead is the burst's first two events' (2 endpoints)
+    assert {o["priority"] for _, o in sent if "priority" in o} == {webhooks.BEHIND_PRIORITY}
+    # oldest event first: the share ahead is the burst's first two events' (2 endpoints)
     event_of = dict(WebhookDelivery.objects.values_list("pk", "event_id"))
     alices_ahead = [
         event_of[UUID(args[0])]
         for args, options in sent
-        if not options and client_of[UUID(args[0])] == alice.user.pk
+        if "priority" not in options and client_of[UUID(args[0])] == alice.user.pk
     ]
     assert set(alices_ahead) == {burst[0].pk, burst[1].pk}
+
+
+def sent_by(task, monkeypatch) -> list:
+    """(client, behind?) of each ``deliver_webhook`` message ``task`` sends, in order."""
+    from payments import tasks
+
+    sent = []
+    monkeypatch.setattr(
+        tasks.deliver_webhook, "apply_async", lambda args, **options: sent.append((args, options))
+    )
+    task()
+    client_of = dict(WebhookDelivery.objects.values_list("pk", "endpoint__client_id"))
+    return [(client_of[UUID(args[0])], "priority" in options) for args, options in sent]
+
+
+def test_the_beat_scans_backlog_goes_behind_past_its_clients_share(
+    alice, bob, settings, monkeypatch
+):
+    """A burst still in the queue is due, so the beat's scan (every 10 s) offered
+    up to 500 copies of it at the default priority, ahead of every other client's
+    webhooks again (a reviewer of the priority change). The scan's offer goes by
+    the same rule as a dispatch."""
+    from payments import tasks
+
+    settings.WEBHOOK_MAX_IN_FLIGHT_PER_CLIENT = 2
+    webhooks.dispatch([e.pk for e in [*events_of(alice, 5), *events_of(bob, 1)]])
+    sent = sent_by(tasks.retry_webhooks.run, monkeypatch)
+    assert sorted(sent) == sorted(
+        [(alice.user.pk, False)] * 2 + [(alice.user.pk, True)] * 3 + [(bob.user.pk, False)]
+    )
+
+
+def test_a_client_with_its_share_taken_here_gets_nothing_ahead(alice, bob, settings, monkeypatch):
+    """The share is the client's free requests in this process, not a fixed number
+    a dispatch: a burst spread over many transactions (one dispatch each) sent
+    four of every dispatch ahead of everyone else's."""
+    from payments import tasks
+
+    settings.WEBHOOK_MAX_IN_FLIGHT_PER_CLIENT = 2
+    shares = webhooks._client_shares
+    events = [e.pk for e in [*events_of(alice, 3), *events_of(bob, 1)]]
+    me = alice.user.pk
+    assert shares.take(me, "first", returning=False, until=None)
+    try:
+        assert shares.free(me) == 1
+        sent = sent_by(lambda: tasks.dispatch_webhooks.run(events), monkeypatch)
+        assert sorted(sent) == sorted([(me, False)] + [(me, True)] * 2 + [(bob.user.pk, False)])
+        assert shares.take(me, "second", returning=False, until=None)  # the share taken
+        assert not shares.take(me, "waits", returning=False, until=None)  # in line
+        shares.done(me)
+        assert shares.free(me) == 0  # a slot is free, but one waits in line for it
+    finally:
+        for held in (shares._in_flight, shares._lines, shares._promised):
+            held.pop(me, None)
+    assert shares.free(alice.user.pk) == 2
 
 
 def test_the_webhook_worker_takes_the_default_priority_before_a_burst_behind(private_redis):
