@@ -67,7 +67,6 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
-from uuid import UUID
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -238,8 +237,8 @@ def dispatch(event_ids) -> list[Offer]:
 
     Each event is expanded once: its row is locked (``SKIP LOCKED``: another
     dispatcher has it) and stamped ``dispatched_at``, and UNIQUE (event,
-    endpoint) backs that. Returns the new deliveries worth sending now, in
-    the events' order: deliveries to an endpoint whose circuit is open — or
+    endpoint) backs that. Returns the new deliveries worth sending now, oldest
+    event first: deliveries to an endpoint whose circuit is open — or
     has lapsed and awaits its probe — wait in the table, and the beat scan
     offers them once it closes (a dead endpoint costs no message per event).
     Each client's free share goes ahead, the rest ``behind`` (``offers``).
@@ -791,10 +790,13 @@ def due_offers(limit: int = 500) -> list[Offer]:
     the queue is due too) goes behind past its client's free share, or its copies
     would stand ahead of every other client's webhooks once a scan."""
     ids = due_delivery_ids(limit)
-    client_of = dict(
-        WebhookDelivery.objects.filter(pk__in=ids).values_list("pk", "endpoint__client_id")
-    )
-    return offers((pk, client_of[UUID(pk)]) for pk in ids if UUID(pk) in client_of)
+    client_of = {
+        str(pk): client_id
+        for pk, client_id in WebhookDelivery.objects.filter(pk__in=ids).values_list(
+            "pk", "endpoint__client_id"
+        )
+    }
+    return offers((pk, client_of[pk]) for pk in ids if pk in client_of)
 
 
 def due_delivery_ids(limit: int = 500) -> list[str]:

@@ -187,25 +187,25 @@ def test_one_clients_backlog_does_not_push_anothers_due_delivery_out_of_the_scan
     assert webhooks.due_delivery_ids(limit=4) == [str(d.pk) for d in backlog[2:]]
 
 
-def events_of(client, count, endpoint_count=1):
-    """``count`` undispatched ``payment.completed`` events of ``client``, with
-    ``endpoint_count`` endpoints subscribed to them."""
+def events_of(client, count, endpoint_count=1, url="https://hooks.example.com/"):
+    """``count`` undispatched ``payment.completed`` events of ``client``, oldest
+    first, with ``endpoint_count`` endpoints at ``url`` subscribed to them."""
     for _ in range(endpoint_count):
         WebhookEndpoint.objects.create(
             client=client.user,
-            url="https://hooks.example.com/",
+            url=url,
             secret_ciphertext=webhook_secrets.encrypt("whsec_test"),
             event_types=["payment.completed"],
         )
-    return [
-        WebhookEvent.objects.create(
+    return WebhookEvent.objects.bulk_create(
+        WebhookEvent(
             client=client.user,
             event_type="payment.completed",
-            data={},
-            created_at=timezone.now() + timedelta(milliseconds=k),
+            data={"n": k},
+            created_at=timezone.now() + timedelta(microseconds=k),
         )
         for k in range(count)
-    ]
+    )
 
 
 def test_one_clients_burst_is_sent_behind_anothers_deliveries(alice, bob, settings, monkeypatch):

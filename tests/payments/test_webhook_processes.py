@@ -11,16 +11,15 @@ client's share of a dispatch at the default priority and the rest behind.
 from __future__ import annotations
 
 import threading
-from datetime import timedelta
 
 import pytest
 import redis
 from django.conf import settings
-from django.utils import timezone
 
-from payments import tasks, webhook_secrets
-from payments.models import DeliveryStatus, WebhookDelivery, WebhookEndpoint, WebhookEvent
+from payments import tasks
+from payments.models import DeliveryStatus, WebhookDelivery
 from payments.routing import WEBHOOK_QUEUE
+from tests.payments.test_webhook_faults import events_of
 from tests.payments.webhook_receivers import Receiver
 from tests.processes import Processes, flush_broker, wait_until
 
@@ -35,25 +34,8 @@ def waiting_in_the_broker(broker: redis.Redis) -> int:
     return sum(broker.llen(key) for key in keys)
 
 
-def endpoint_with_events(client, url: str, count: int) -> list:
-    WebhookEndpoint.objects.create(
-        client=client.user,
-        url=url,
-        secret_ciphertext=webhook_secrets.encrypt("whsec_test"),
-        event_types=["payment.completed"],
-    )
-    return [
-        str(event.pk)
-        for event in WebhookEvent.objects.bulk_create(
-            WebhookEvent(
-                client=client.user,
-                event_type="payment.completed",
-                data={"n": k},
-                created_at=timezone.now() + timedelta(microseconds=k),
-            )
-            for k in range(count)
-        )
-    ]
+def event_ids(client, count: int, url: str) -> list[str]:
+    return [str(event.pk) for event in events_of(client, count, url=url)]
 
 
 def test_one_clients_burst_waits_behind_another_clients_webhook(tmp_path, alice, bob):
@@ -61,8 +43,8 @@ def test_one_clients_burst_waits_behind_another_clients_webhook(tmp_path, alice,
     broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
     busy, quiet = Receiver(), Receiver()
     busy.hold = threading.Event()  # the burst's requests in flight stay there
-    burst = endpoint_with_events(alice, busy.url, BURST)
-    other = endpoint_with_events(bob, quiet.url, 1)
+    burst = event_ids(alice, BURST, busy.url)
+    other = event_ids(bob, 1, quiet.url)
     # Both dispatched before any worker runs: the queue holds the burst's messages,
     # then the other client's one, as a payment batch's events followed by another's.
     assert tasks.dispatch_webhooks.run(burst) == BURST
